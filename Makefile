@@ -1,0 +1,27 @@
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint bench clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+
+$(STAMP): $(PY) pyproject.toml
+	$(PY) -m pip install --quiet -e ".[dev,examples]"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) examples/digits.py
+
+test: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(PY) -m pytest tests
+
+bench: $(STAMP)
+	$(PY) benchmarks/overhead.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info runs

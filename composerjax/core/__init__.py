@@ -1,0 +1,34 @@
+"""The core API: events, time, state, algorithms, callbacks, traces, the engine and its passes."""
+
+from composerjax.core.algorithm import Algorithm
+from composerjax.core.callback import Callback
+from composerjax.core.engine import Engine, Plan
+from composerjax.core.event import Event
+from composerjax.core.passes import (
+    DEFAULT_PASSES,
+    AlgorithmPass,
+    set_filo_order,
+    sort_run_first_and_last,
+    warn_if_multiple_loss_interpolation,
+)
+from composerjax.core.state import State
+from composerjax.core.time import Time, Timestamp, TimeUnit
+from composerjax.core.trace import Trace
+
+__all__ = [
+    "Algorithm",
+    "AlgorithmPass",
+    "Callback",
+    "DEFAULT_PASSES",
+    "Engine",
+    "Event",
+    "Plan",
+    "State",
+    "Time",
+    "TimeUnit",
+    "Timestamp",
+    "Trace",
+    "set_filo_order",
+    "sort_run_first_and_last",
+    "warn_if_multiple_loss_interpolation",
+]

@@ -1,0 +1,79 @@
+"""The Algorithm base class: a small, composable change to how a model trains."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from composerjax.core.event import Event
+
+if TYPE_CHECKING:
+    from composerjax.core.state import State
+    from composerjax.loggers.logger import Logger
+
+__all__ = ["Algorithm"]
+
+
+class Algorithm:
+    """Base class for algorithms: ``match`` says when to run, ``apply`` changes the state in place.
+
+    The same two methods serve host events (concrete values, any Python) and traced events (inside
+    the compiled step: ``state.batch``, ``state.outputs``, ``state.loss``, ``state.grads``,
+    ``state.step``, ``state.progress``, ``state.step_rng`` and this algorithm's own device state are
+    tracers, so ``apply`` must be traceable). ``match`` always runs on the host, once per batch for
+    traced events: the set of algorithms that matched is the key of the compiled step.
+
+    Class attributes read by the default passes (the core never imports a concrete algorithm):
+
+    * ``run_first`` / ``run_last``: sort this algorithm before / after the others at every event.
+    * ``interpolates_loss``: this algorithm mixes losses (MixUp, CutMix); more than one warns.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> class ScaleLoss(Algorithm):
+        ...     def __init__(self, factor: float) -> None:
+        ...         self.factor = factor
+        ...     def match(self, event, state):
+        ...         return event == Event.AFTER_LOSS
+        ...     def apply(self, event, state, logger):
+        ...         state.loss = state.loss * self.factor
+        >>> ScaleLoss(2.0).name
+        'ScaleLoss'
+    """
+
+    run_first: bool = False
+    run_last: bool = False
+    interpolates_loss: bool = False
+
+    @property
+    def name(self) -> str:
+        """The key of this algorithm's device state in ``state.algorithm_state``.
+
+        The class name, with ``#k`` for the k-th repeat of a class in one trainer.
+        """
+        return getattr(self, "_state_key", type(self).__name__)
+
+    def match(self, event: Event, state: State) -> bool:
+        """Return whether ``apply`` should run at ``event``. Runs on the host."""
+        raise NotImplementedError(f"{type(self).__name__} must implement match(event, state)")
+
+    def apply(self, event: Event, state: State, logger: Logger) -> int | None:
+        """Change ``state`` in place; return an optional exit code recorded in the trace."""
+        raise NotImplementedError(f"{type(self).__name__} must implement apply(event, state, logger)")
+
+    def init_state(self, state: State) -> Any:
+        """Return this algorithm's device state (a pytree of arrays), or ``None`` if it keeps none.
+
+        The engine stores it in ``state.algorithm_state[self.name]``, carries it through every
+        compiled step (donated, sharded like the parameters) and checkpoints it.
+        """
+        return None
+
+    def state_dict(self) -> dict[str, Any]:
+        """Host-side state to checkpoint (device state goes through ``init_state`` instead)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what ``state_dict`` returned."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"

@@ -1,0 +1,264 @@
+"""The Engine: runs algorithms, then callbacks, at each event, and records what ran."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from composerjax.core.algorithm import Algorithm
+from composerjax.core.callback import Callback, overridden_events
+from composerjax.core.event import Event
+from composerjax.core.passes import DEFAULT_PASSES, AlgorithmPass
+from composerjax.core.state import State
+from composerjax.core.trace import Trace
+
+__all__ = ["Engine", "Plan"]
+
+log = logging.getLogger(__name__)
+
+#: The algorithms that will run at each traced event, in order: the compiled step's cache key.
+Plan = tuple[tuple[Event, tuple[Algorithm, ...]], ...]
+
+
+class Engine:
+    """Run the algorithms that match an event, ordered by the passes, then the callbacks.
+
+    At ``INIT`` callbacks run before algorithms; at every other event algorithms run first, then
+    callbacks, then logger destinations. Traced events are planned on the host (``plan``) and
+    applied while the step is traced (``apply_planned``); their traces are recorded once per
+    executed step (``record_plan``).
+
+    Args:
+        state: the run's state.
+        logger: the logger passed to ``apply`` and to callbacks.
+        algorithm_passes: extra passes, appended after the defaults; a ``(pass, index)`` pair is
+            inserted at ``index``.
+        trace_log_size: how many traces ``trace_log`` keeps.
+
+    Example:
+        >>> from composerjax.loggers import Logger
+        >>> state = State(model=None)
+        >>> engine = Engine(state, Logger(state))
+        >>> engine.run_event('batch_start')
+        OrderedDict()
+    """
+
+    def __init__(
+        self,
+        state: State,
+        logger: Any,
+        algorithm_passes: Sequence[AlgorithmPass | tuple[AlgorithmPass, int]] | None = None,
+        trace_log_size: int = 10_000,
+    ) -> None:
+        self.state = state
+        self.logger = logger
+        self.algorithm_passes: list[AlgorithmPass] = list(DEFAULT_PASSES)
+        for algorithm_pass in algorithm_passes or ():
+            if isinstance(algorithm_pass, tuple):
+                self.register_pass(*algorithm_pass)
+            else:
+                self.register_pass(algorithm_pass)
+        self.trace_log: deque[Trace] = deque(maxlen=trace_log_size)
+        self.markers: dict[Event, float] = {}
+        self._closed = False
+        self._pass_memo: dict[tuple[Event, tuple[Algorithm, ...]], tuple[Algorithm, ...]] = {}
+        self._listeners: dict[Event, tuple[Callable[[State, Any], None], ...]] = {}
+        self._listener_key: tuple[int, ...] = ()
+        self._plan_records: dict[Plan, tuple[tuple[str, Event, int], ...]] = {}
+
+    # -- passes ----------------------------------------------------------------------------------
+    def register_pass(self, algorithm_pass: AlgorithmPass, index: int = -1) -> None:
+        """Add a pass; ``index=-1`` appends, any other index inserts before that position."""
+        if index == -1:
+            self.algorithm_passes.append(algorithm_pass)
+        else:
+            self.algorithm_passes.insert(index, algorithm_pass)
+        self._pass_memo.clear()
+
+    def _order(self, event: Event, matched: tuple[Algorithm, ...]) -> tuple[Algorithm, ...]:
+        key = (event, matched)
+        ordered = self._pass_memo.get(key)
+        if ordered is None:
+            algorithms: list[Algorithm] = list(matched)
+            for algorithm_pass in self.algorithm_passes:
+                algorithms = list(algorithm_pass(algorithms, event))
+            ordered = self._pass_memo[key] = tuple(algorithms)
+        return ordered
+
+    # -- events ----------------------------------------------------------------------------------
+    def run_event(self, event: Event | str) -> OrderedDict[str, Trace]:
+        """Run ``event``: matching algorithms in pass order, then callbacks; return the traces.
+
+        Raises:
+            RuntimeError: after ``close()``.
+            ValueError: for an unknown event name.
+        """
+        if self._closed:
+            raise RuntimeError(f"Engine.run_event({event!r}) after close(): the engine is closed")
+        if type(event) is not Event:
+            event = Event(event)
+        state = self.state
+        if event is Event.INIT:
+            self._run_callbacks(event, state)
+            traces = self._run_algorithms(event, state)
+        else:
+            traces = self._run_algorithms(event, state)
+            self._run_callbacks(event, state)
+        return traces
+
+    def run_marker_only_event(self, event: Event | str) -> None:
+        """Mark that ``event`` happened (its host time goes to ``markers``) without running anything."""
+        if self._closed:
+            raise RuntimeError(f"Engine.run_marker_only_event({event!r}) after close(): the engine is closed")
+        self.markers[Event(event)] = time.perf_counter()
+
+    def _run_algorithms(self, event: Event, state: State) -> OrderedDict[str, Trace]:
+        traces: OrderedDict[str, Trace] = OrderedDict()
+        if not state.algorithms:
+            return traces
+        matched = tuple(a for a in state.algorithms if a.match(event, state))
+        if not matched:
+            return traces
+        traced = event.is_traced
+        batch = state.timestamp.batch
+        for order, (key, algorithm) in enumerate(_keyed(self._order(event, matched), event)):
+            start = time.perf_counter()
+            exit_code = self._apply(algorithm, event, state)
+            duration = None if traced else time.perf_counter() - start
+            trace = Trace(key.split("/")[0], event, exit_code, order, True, traced, batch, duration)
+            traces[key] = trace
+            self.trace_log.append(trace)
+        return traces
+
+    def _apply(self, algorithm: Algorithm, event: Event, state: State) -> int | None:
+        try:
+            return algorithm.apply(event, state, self.logger)
+        except Exception as error:
+            raise _with_context(error, f"{type(algorithm).__name__} failed at {event.name}") from error
+
+    def _run_callbacks(self, event: Event, state: State) -> None:
+        for listener in self._listeners_for(event):
+            listener(state, self.logger)
+
+    def _listeners_for(self, event: Event) -> tuple[Callable[[State, Any], None], ...]:
+        # Rebuilt only when a callback list is replaced or changes length: cheap enough per event.
+        callbacks, destinations = self.state.callbacks, getattr(self.logger, "destinations", ())
+        key = (id(callbacks), len(callbacks), id(destinations), len(destinations))
+        if key != self._listener_key:
+            self._listeners = _listener_table(self._all_callbacks())
+            self._listener_key = key
+        return self._listeners.get(event, ())
+
+    def _all_callbacks(self) -> list[Callback]:
+        destinations = getattr(self.logger, "destinations", ())
+        return [*self.state.callbacks, *destinations]
+
+    # -- traced events ---------------------------------------------------------------------------
+    def plan(self, events: Sequence[Event], state: State | None = None) -> Plan:
+        """Match algorithms on the host for each traced event and order them: the step's cache key."""
+        state = state or self.state
+        if not state.algorithms:
+            return ()
+        plan = []
+        for event in events:
+            matched = tuple(a for a in state.algorithms if a.match(event, state))
+            if matched:
+                plan.append((event, self._order(event, matched)))
+        return tuple(plan)
+
+    def apply_planned(self, plan: Plan, event: Event, view: State) -> None:
+        """Apply the planned algorithms of ``event`` to the traced ``view``, then its callbacks."""
+        for planned_event, algorithms in plan:
+            if planned_event is event:
+                for algorithm in algorithms:
+                    self._apply(algorithm, event, view)
+        for listener in self._listeners_for(event):
+            listener(view, self.logger)
+
+    def record_plan(self, plan: Plan, batch: int) -> None:
+        """Append one trace per planned algorithm to ``trace_log`` for an executed step."""
+        records = self._plan_records.get(plan)
+        if records is None:
+            records = self._plan_records[plan] = tuple(
+                (key.split("/")[0], event, order)
+                for event, algorithms in plan
+                for order, (key, _) in enumerate(_keyed(algorithms, event))
+            )
+        append = self.trace_log.append
+        for name, event, order in records:
+            append(Trace(name, event, None, order, True, True, batch, None))
+
+    # -- shutdown --------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Call ``close`` on every callback, then ``post_close`` on those whose close did not raise.
+
+        Exceptions from ``close`` are logged, not raised. Later ``run_event`` calls raise.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        closed_ok = []
+        for callback in self._all_callbacks():
+            try:
+                callback.close(self.state, self.logger)
+            except Exception:
+                log.exception("Error while closing callback %s", type(callback).__name__)
+            else:
+                closed_ok.append(callback)
+        for callback in closed_ok:
+            try:
+                callback.post_close()
+            except Exception:
+                log.exception("Error in post_close of callback %s", type(callback).__name__)
+
+    @property
+    def closed(self) -> bool:
+        """Whether ``close()`` has run."""
+        return self._closed
+
+
+def _keyed(algorithms: Sequence[Algorithm], event: Event) -> list[tuple[str, Algorithm]]:
+    """Trace keys ``Name/EVENT``, with ``Name#k`` for the k-th repeat of a class in one event."""
+    seen: dict[str, int] = {}
+    keyed = []
+    for algorithm in algorithms:
+        name = type(algorithm).__name__
+        count = seen.get(name, 0)
+        seen[name] = count + 1
+        keyed.append((f"{name}#{count}/{event.name}" if count else f"{name}/{event.name}", algorithm))
+    return keyed
+
+
+def _listener_table(callbacks: Sequence[Callback]) -> dict[Event, tuple[Callable[[State, Any], None], ...]]:
+    table: dict[Event, list[Callable[[State, Any], None]]] = {}
+    for callback in callbacks:
+        overrides_run_event = type(callback).run_event is not Callback.run_event
+        for event in overridden_events(callback):
+            if overrides_run_event:
+                listener = _bind_run_event(callback, event)
+            else:
+                listener = getattr(callback, event.value)
+            table.setdefault(event, []).append(listener)
+    return {event: tuple(listeners) for event, listeners in table.items()}
+
+
+def _bind_run_event(callback: Callback, event: Event) -> Callable[[State, Any], None]:
+    def listener(state: State, logger: Any) -> None:
+        callback.run_event(event, state, logger)
+
+    return listener
+
+
+def _with_context(error: Exception, context: str) -> Exception:
+    """The same kind of exception with ``context`` in front of its message, where it can be built."""
+    message = f"{context}: {error}"
+    try:
+        wrapped = type(error)(message)
+    except Exception:
+        return RuntimeError(message)
+    if str(wrapped) != message:
+        return RuntimeError(message)
+    return wrapped

@@ -1,0 +1,233 @@
+"""The State: everything a training run knows, flowing through every event."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import jax
+import numpy as np
+
+from composerjax.core.algorithm import Algorithm
+from composerjax.core.callback import Callback
+from composerjax.core.time import Time, Timestamp, TimeUnit
+
+if TYPE_CHECKING:
+    from flax import nnx
+
+__all__ = ["State"]
+
+
+class State:
+    """Everything a run knows: model, optimizer, time, data, algorithms, callbacks and device state.
+
+    On host events the values are concrete. Inside the compiled step algorithms see a traced view of
+    the same class (see ``composerjax.step``) where ``batch``, ``outputs``, ``loss``, ``grads``,
+    ``model``, ``algorithm_state``, ``step``, ``progress`` and ``step_rng`` are tracers; host values
+    are never overwritten with tracers.
+
+    The trained parameters live on the device in ``train_state`` between steps and are merged back
+    into ``model`` only when host code reads ``state.model``, so no step pays for a copy.
+
+    Example:
+        >>> import optax
+        >>> from flax import nnx
+        >>> state = State(model=nnx.Linear(2, 1, rngs=nnx.Rngs(0)), optimizer=optax.sgd(0.1),
+        ...               max_duration='10ba')
+        >>> state.max_duration
+        Time(10, TimeUnit.BATCH)
+    """
+
+    def __init__(
+        self,
+        model: nnx.Module,
+        optimizer: Any = None,
+        max_duration: Time | str | None = None,
+        rng: jax.Array | None = None,
+        algorithms: Sequence[Algorithm] = (),
+        callbacks: Sequence[Callback] = (),
+        dataloader: Any = None,
+        dataloader_len: int | None = None,
+        evaluators: Sequence[Any] = (),
+        precision: str = "fp32",
+        run_name: str = "run",
+        mesh: jax.sharding.Mesh | None = None,
+    ) -> None:
+        self._model = model
+        self._model_stale = False
+        self.model_changed = False
+        self.optimizer = optimizer
+        self.max_duration = max_duration
+        self.rng = rng if rng is not None else jax.random.key(0)
+        self.algorithms: list[Algorithm] = list(algorithms)
+        self.callbacks: list[Callback] = list(callbacks)
+        self.dataloader = dataloader
+        self.dataloader_len = dataloader_len
+        self.evaluators = list(evaluators)
+        self.precision = precision
+        self.run_name = run_name
+        self.mesh = mesh
+        self.shardings: Any = None
+        self.timestamp = Timestamp()
+        self.batch: Any = None
+        self.outputs: Any = None
+        self.loss: Any = None
+        self.grads: Any = None
+        self.algorithm_state: dict[str, Any] = {}
+        self.step_metrics: dict[str, Any] = {}
+        self.metrics: dict[str, Any] = {}
+        self.train_state: dict[str, Any] | None = None
+        self.compile_count = 0
+        self._sync_model: Callable[[], None] | None = None
+
+    # -- the model, kept in sync with the device state lazily ------------------------------------
+    @property
+    def model(self) -> nnx.Module:
+        """The NNX module; reading it on the host first merges the latest trained values into it."""
+        if self._model_stale and self._sync_model is not None:
+            self._sync_model()
+        self.model_changed = True
+        return self._model
+
+    @model.setter
+    def model(self, value: nnx.Module) -> None:
+        self._model = value
+        self._model_stale = False
+        self.model_changed = True
+
+    # -- time ------------------------------------------------------------------------------------
+    @property
+    def max_duration(self) -> Time | None:
+        """How long to train, as a Time (set from a Time or a string like ``'10ep'``)."""
+        return self._max_duration
+
+    @max_duration.setter
+    def max_duration(self, value: Time | str | None) -> None:
+        if value is None:
+            self._max_duration = None
+            return
+        duration = Time.from_input(value, TimeUnit.EPOCH) if not isinstance(value, Time) else value
+        if duration.unit == TimeUnit.DURATION:
+            raise ValueError(f"max_duration={value!r}: a duration cannot be measured in 'dur'; use ep, ba, sp, "
+                             "tok, iter or sec")
+        self._max_duration = duration
+
+    @property
+    def step(self) -> int:
+        """The number of optimizer steps taken so far (a traced scalar inside the step)."""
+        return self.timestamp.batch
+
+    @property
+    def progress(self) -> float:
+        """The fraction of ``max_duration`` elapsed (a traced scalar inside the step)."""
+        if self.max_duration is None:
+            return 0.0
+        return self.timestamp.get_progress(self.max_duration)
+
+    def stop_training(self) -> None:
+        """End training after the current batch by setting ``max_duration`` to the batches done."""
+        self.max_duration = Time(self.timestamp.batch, TimeUnit.BATCH)
+
+    # -- batch access, as in Composer ------------------------------------------------------------
+    def batch_get_item(self, key: int | str | Callable[[Any], Any]) -> Any:
+        """Return an item of the batch: a tuple/list index, a dict key, or ``fn(batch)``.
+
+        Example:
+            >>> state = State(model=None)
+            >>> state.batch = (1, 2)
+            >>> state.batch_get_item(1)
+            2
+        """
+        if callable(key):
+            return key(self.batch)
+        try:
+            return self.batch[key]
+        except (KeyError, IndexError, TypeError) as error:
+            raise KeyError(
+                f"batch_get_item({key!r}): the batch is a {type(self.batch).__name__}; use an int index "
+                "for tuples/lists or a key for dicts"
+            ) from error
+
+    def batch_set_item(self, key: int | str, value: Any) -> None:
+        """Replace an item of the batch (a new tuple is built for tuples).
+
+        Example:
+            >>> state = State(model=None)
+            >>> state.batch = (1, 2)
+            >>> state.batch_set_item(0, 5)
+            >>> state.batch
+            (5, 2)
+        """
+        batch = self.batch
+        if isinstance(batch, tuple):
+            items = list(batch)
+            items[key] = value
+            self.batch = type(batch)(*items) if hasattr(batch, "_fields") else tuple(items)
+        elif isinstance(batch, (list, dict)):
+            batch = type(batch)(batch)
+            batch[key] = value
+            self.batch = batch
+        else:
+            raise TypeError(
+                f"batch_set_item({key!r}): cannot set an item of a {type(batch).__name__} batch; "
+                "batches must be tuples, lists or dicts"
+            )
+
+    # -- checkpointing ---------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to resume exactly: device state, time, rng, data position, plugins."""
+        if self.train_state is None:
+            raise RuntimeError("state_dict(): the device state is not built yet; call Trainer.fit first")
+        dataloader_state = None
+        if hasattr(self.dataloader, "state_dict"):
+            dataloader_state = self.dataloader.state_dict()
+        return {
+            "train_state": self.train_state,
+            "rng": jax.random.key_data(self.rng),
+            "timestamp": self.timestamp.state_dict(),
+            "dataloader": dataloader_state,
+            "algorithms": [a.state_dict() for a in self.algorithms],
+            "callbacks": [c.state_dict() for c in self.callbacks],
+            "run_name": self.run_name,
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore what ``state_dict`` returned (device arrays keep their current shardings)."""
+        self._check_structure(state_dict["train_state"])
+        self.train_state = _place_like(state_dict["train_state"], self.train_state)
+        self._model_stale = True
+        self.rng = jax.random.wrap_key_data(np.asarray(state_dict["rng"]))
+        self.timestamp = Timestamp.from_state_dict(state_dict["timestamp"])
+        if state_dict.get("dataloader") is not None and hasattr(self.dataloader, "load_state_dict"):
+            self.dataloader.load_state_dict(state_dict["dataloader"])
+        for plugins, saved, field in (
+            (self.algorithms, state_dict.get("algorithms", []), "algorithms"),
+            (self.callbacks, state_dict.get("callbacks", []), "callbacks"),
+        ):
+            if len(saved) != len(plugins):
+                raise ValueError(f"load_state_dict: {field} has {len(saved)} saved entries but the run has "
+                                 f"{len(plugins)}")
+            for plugin, plugin_state in zip(plugins, saved):
+                plugin.load_state_dict(plugin_state)
+        self.run_name = state_dict.get("run_name", self.run_name)
+
+    def _check_structure(self, train_state: Any) -> None:
+        if self.train_state is None:
+            raise RuntimeError("load_state_dict(): build the device state first (Trainer does this at INIT)")
+        expected = jax.tree.structure(self.train_state)
+        got = jax.tree.structure(train_state)
+        if expected != got:
+            raise ValueError(f"load_state_dict: train_state structure does not match the model/optimizer.\n"
+                             f"expected: {expected}\ngot: {got}")
+        for path_a, a, b in zip(jax.tree_util.tree_flatten_with_path(self.train_state)[0],
+                                jax.tree.leaves(self.train_state), jax.tree.leaves(train_state)):
+            if np.shape(a) != np.shape(b):
+                raise ValueError(f"load_state_dict: train_state{jax.tree_util.keystr(path_a[0])} has shape "
+                                 f"{np.shape(b)}, expected {np.shape(a)}")
+
+
+def _place_like(values: Any, like: Any) -> Any:
+    """Put host or device ``values`` on the devices and shardings of ``like``."""
+    return jax.tree.map(
+        lambda v, ref: jax.device_put(v, ref.sharding) if isinstance(ref, jax.Array) else v, values, like
+    )

@@ -1,0 +1,115 @@
+"""How the step calls a model: a ComposerModel's methods, or a plain module with a loss function."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from composerjax.models.composer_model import ComposerModel, MetricSums
+
+__all__ = ["ModelFunctions", "model_functions"]
+
+
+class ModelFunctions:
+    """The four calls a step makes on a model, whatever kind of model it is.
+
+    ``loss`` returns ``(loss, metrics)``: metrics is a dict of arrays that joins
+    ``state.step_metrics``.
+    """
+
+    def forward(self, model: nnx.Module, batch: Any) -> Any:
+        raise NotImplementedError
+
+    def loss(self, model: nnx.Module, outputs: Any, batch: Any, rng: jax.Array, step: jax.Array
+             ) -> tuple[jax.Array, dict[str, jax.Array]]:
+        raise NotImplementedError
+
+    def metrics(self, model: nnx.Module, batch: Any) -> tuple[Any, MetricSums]:
+        raise NotImplementedError
+
+    def predict(self, model: nnx.Module, batch: Any) -> Any:
+        raise NotImplementedError
+
+
+class _ComposerModelFunctions(ModelFunctions):
+    def forward(self, model: ComposerModel, batch: Any) -> Any:
+        return model.forward(batch)
+
+    def loss(self, model: ComposerModel, outputs: Any, batch: Any, rng: jax.Array, step: jax.Array
+             ) -> tuple[jax.Array, dict[str, jax.Array]]:
+        return model.loss(outputs, batch), {}
+
+    def metrics(self, model: ComposerModel, batch: Any) -> tuple[Any, MetricSums]:
+        outputs = model.eval_forward(batch)
+        return outputs, model.metrics(outputs, batch)
+
+    def predict(self, model: ComposerModel, batch: Any) -> Any:
+        return model.eval_forward(batch)
+
+
+class _LossFunctionModel(ModelFunctions):
+    """A plain ``nnx.Module`` trained with ``loss_fn(model, batch[, rng, step])``."""
+
+    def __init__(self, loss_fn: Callable[..., Any]) -> None:
+        self.loss_fn = loss_fn
+        try:
+            parameters = inspect.signature(loss_fn).parameters
+        except (TypeError, ValueError):
+            parameters = {}
+        positional = [p for p in parameters.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        if len(positional) not in (2, 4):
+            raise ValueError(
+                f"loss_fn={getattr(loss_fn, '__name__', loss_fn)!r} takes {len(positional)} positional "
+                "arguments; expected fn(model, batch) or fn(model, batch, rng, step)"
+            )
+        self.takes_rng_and_step = len(positional) == 4
+
+    def _call(self, model: nnx.Module, batch: Any, rng: jax.Array | None, step: jax.Array | None
+              ) -> tuple[jax.Array, dict[str, jax.Array]]:
+        result = self.loss_fn(model, batch, rng, step) if self.takes_rng_and_step else self.loss_fn(model, batch)
+        if isinstance(result, tuple):
+            if len(result) != 2 or not isinstance(result[1], dict):
+                raise ValueError("loss_fn must return a scalar loss or a (loss, metrics: dict) pair")
+            return result[0], result[1]
+        return result, {}
+
+    def forward(self, model: nnx.Module, batch: Any) -> Any:
+        # The loss function does the forward pass itself; there are no separate outputs.
+        return None
+
+    def loss(self, model: nnx.Module, outputs: Any, batch: Any, rng: jax.Array, step: jax.Array
+             ) -> tuple[jax.Array, dict[str, jax.Array]]:
+        return self._call(model, batch, rng, step)
+
+    def metrics(self, model: nnx.Module, batch: Any) -> tuple[Any, MetricSums]:
+        loss, extra = self._call(model, batch, jax.random.key(0), jnp.zeros((), jnp.int32))
+        count = jnp.asarray(jax.tree.leaves(batch)[0].shape[0], jnp.float32)
+        sums: MetricSums = {"loss": (loss * count, count)}
+        for name, value in extra.items():
+            sums[name] = (jnp.mean(value) * count, count)
+        return None, sums
+
+    def predict(self, model: nnx.Module, batch: Any) -> Any:
+        inputs = batch[0] if isinstance(batch, (tuple, list)) else batch
+        return model(inputs)
+
+
+def model_functions(model: nnx.Module, loss_fn: Callable[..., Any] | None) -> ModelFunctions:
+    """Pick how the step calls ``model``: its ComposerModel methods, or ``loss_fn``.
+
+    Raises:
+        TypeError: for a plain module without ``loss_fn``.
+    """
+    if loss_fn is not None:
+        return _LossFunctionModel(loss_fn)
+    if isinstance(model, ComposerModel):
+        return _ComposerModelFunctions()
+    raise TypeError(
+        f"model is a {type(model).__name__}, not a ComposerModel: pass loss_fn=fn with fn(model, batch) or "
+        "fn(model, batch, rng, step) returning a loss or (loss, metrics), or wrap it in ComposerClassifier"
+    )

@@ -1,0 +1,300 @@
+"""Build and cache the compiled train, eval and predict steps, one per plan."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from composerjax.core.engine import Engine, Plan
+from composerjax.core.event import EVAL_STEP_EVENTS, PREDICT_STEP_EVENTS, TRAIN_STEP_EVENTS, Event
+from composerjax.core.state import State
+from composerjax.models.function_model import ModelFunctions
+from composerjax.step.precision import cast_floating, compute_dtype
+from composerjax.step.view import StepView, traced_view
+
+__all__ = ["StepBuilder", "split_model", "merge_model"]
+
+
+def split_model(model: nnx.Module) -> tuple[nnx.GraphDef, dict[str, Any], dict[str, Any]]:
+    """Split a module into its graph, its parameters and every other variable, as plain dicts.
+
+    Plain nested dicts (not ``nnx.State``) keep the step's pytree cheap to flatten on every call.
+    """
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    return graphdef, nnx.to_pure_dict(params), nnx.to_pure_dict(rest)
+
+
+def merge_model(graphdef: nnx.GraphDef, params: dict[str, Any], rest: dict[str, Any]) -> nnx.Module:
+    """Rebuild a module from ``split_model``'s parts (inside or outside a trace)."""
+    return nnx.merge(graphdef, nnx.State(params), nnx.State(rest))
+
+
+def _rest_of(model: nnx.Module) -> dict[str, Any]:
+    return nnx.to_pure_dict(nnx.split(model, nnx.Param, ...)[2])
+
+
+class StepBuilder:
+    """Compile the train/eval/predict steps for each plan and keep them.
+
+    The traced events run while a step is traced: the plan (which algorithms matched, in order) is
+    baked into the compiled function, so each distinct plan compiles once and jit's own cache adds
+    input shapes, dtypes and shardings. ``state.compile_count`` counts the traces, i.e. the real
+    compiles.
+
+    Args:
+        engine: runs the planned algorithms and the callbacks inside the trace.
+        state: the host state (read for hyperparameters; never given tracers).
+        functions: how to call the model.
+        train_graphdef: the model's graph in train mode; ``eval_graphdef`` in eval mode.
+        optimizer: the optax transform.
+        microbatches: ``device_train_microbatch_size``; ``None`` for no accumulation.
+        train_state_sharding: a pytree (prefix) of shardings for the train state.
+        batch_sharding: the sharding of each batch leaf.
+        replicated: the sharding of scalars leaving the step.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        state: State,
+        functions: ModelFunctions,
+        train_graphdef: nnx.GraphDef,
+        eval_graphdef: nnx.GraphDef,
+        optimizer: optax.GradientTransformation,
+        microbatch_size: int | None,
+        train_state_sharding: Any,
+        batch_sharding: Any,
+        replicated: Any,
+    ) -> None:
+        self.engine = engine
+        self.state = state
+        self.functions = functions
+        self.train_graphdef = train_graphdef
+        self.eval_graphdef = eval_graphdef
+        self.optimizer = optimizer
+        self.microbatch_size = microbatch_size
+        self.train_state_sharding = train_state_sharding
+        self.batch_sharding = batch_sharding
+        self.replicated = replicated
+        self.dtype = compute_dtype(state.precision)
+        self._train: dict[Plan, Any] = {}
+        self._eval: dict[Plan, Any] = {}
+        self._predict: dict[Plan, Any] = {}
+
+    # -- cache -----------------------------------------------------------------------------------
+    def train_step(self, plan: Plan) -> Any:
+        """The compiled ``(train_state, batch) -> (train_state, loss, step_metrics)`` for ``plan``."""
+        step = self._train.get(plan)
+        if step is None:
+            step = self._train[plan] = jax.jit(
+                self._train_fn(plan),
+                in_shardings=(self.train_state_sharding, self.batch_sharding),
+                out_shardings=(self.train_state_sharding, self.replicated, self.replicated),
+                donate_argnums=0,
+            )
+        return step
+
+    def eval_step(self, plan: Plan) -> Any:
+        """The compiled ``(params, rest, algorithm_state, batch) -> {metric: (sum, count)}`` for ``plan``."""
+        step = self._eval.get(plan)
+        if step is None:
+            step = self._eval[plan] = jax.jit(self._eval_fn(plan))
+        return step
+
+    def predict_step(self, plan: Plan) -> Any:
+        """The compiled ``(params, rest, algorithm_state, batch) -> outputs`` for ``plan``."""
+        step = self._predict.get(plan)
+        if step is None:
+            step = self._predict[plan] = jax.jit(self._predict_fn(plan))
+        return step
+
+    def plan_train(self) -> Plan:
+        """Match algorithms for the train step's traced events (host, once per batch)."""
+        return self.engine.plan(TRAIN_STEP_EVENTS)
+
+    def plan_eval(self) -> Plan:
+        """Match algorithms for the eval step's traced events."""
+        return self.engine.plan(EVAL_STEP_EVENTS)
+
+    def plan_predict(self) -> Plan:
+        """Match algorithms for the predict step's traced events."""
+        return self.engine.plan(PREDICT_STEP_EVENTS)
+
+    def clear(self) -> None:
+        """Forget every compiled step (after the model's structure changed)."""
+        self._train.clear()
+        self._eval.clear()
+        self._predict.clear()
+
+    # -- the traced functions --------------------------------------------------------------------
+    def _compute_params(self, params: Any) -> Any:
+        return cast_floating(params, self.dtype)
+
+    def _train_fn(self, plan: Plan) -> Any:
+        engine, functions, graphdef = self.engine, self.functions, self.train_graphdef
+        run = engine.apply_planned
+        host_state = self.state
+
+        def loss_and_aux(params: Any, rest: Any, view: StepView) -> tuple[jax.Array, dict[str, Any]]:
+            view.model = merge_model(graphdef, self._compute_params(params), rest)
+            view.batch = cast_floating(view.batch, self.dtype)
+            run(plan, Event.BEFORE_FORWARD, view)
+            view.outputs = functions.forward(view.model, view.batch)
+            run(plan, Event.AFTER_FORWARD, view)
+            run(plan, Event.BEFORE_LOSS, view)
+            loss, loss_metrics = functions.loss(view.model, view.outputs, view.batch, view.step_rng, view.step)
+            view.loss = jnp.asarray(loss, jnp.float32)
+            view.step_metrics.update(loss_metrics)
+            run(plan, Event.AFTER_LOSS, view)
+            run(plan, Event.BEFORE_BACKWARD, view)
+            # Whatever algorithms set in here may only leave through aux: its tracers belong to grad.
+            aux = {
+                "rest": _rest_of(view.model),
+                "batch": view.batch,
+                "outputs": view.outputs,
+                "algorithm_state": dict(view.algorithm_state),
+                "step_metrics": dict(view.step_metrics),
+            }
+            return view.loss, aux
+
+        grad_fn = jax.value_and_grad(loss_and_aux, has_aux=True)
+
+        def backward(view: StepView, params: Any, rest: Any) -> tuple[Any, Any]:
+            (loss, aux), grads = grad_fn(params, rest, view)
+            view.loss, view.batch, view.outputs = loss, aux["batch"], aux["outputs"]
+            view.algorithm_state, view.step_metrics = aux["algorithm_state"], aux["step_metrics"]
+            view.grads = grads
+            view.model = merge_model(graphdef, params, aux["rest"])
+            run(plan, Event.AFTER_BACKWARD, view)
+            return view.grads, aux["rest"]
+
+        def plain_loss_and_grad(params: Any, rest: Any, batch: Any, rng: Any, step: Any) -> Any:
+            def loss_only(p: Any) -> jax.Array:
+                model = merge_model(graphdef, self._compute_params(p), rest)
+                batch_c = cast_floating(batch, self.dtype)
+                outputs = functions.forward(model, batch_c)
+                return jnp.asarray(functions.loss(model, outputs, batch_c, rng, step)[0], jnp.float32)
+
+            return jax.value_and_grad(loss_only)(params)
+
+        def train_step(train_state: dict[str, Any], batch: Any) -> tuple[dict[str, Any], jax.Array, Any]:
+            host_state.compile_count += 1  # runs once per trace, i.e. once per real compile
+            step = train_state["step"]
+            params, rest = train_state["params"], train_state["rest"]
+            step_rng = jax.random.fold_in(train_state["rng"], step)
+            view = traced_view(
+                host_state,
+                batch=batch,
+                step=step,
+                progress=step.astype(jnp.float32) / train_state["total_steps"],
+                step_rng=step_rng,
+                params=params,
+                model=merge_model(graphdef, params, rest),
+                outputs=None,
+                loss=None,
+                grads=None,
+                algorithm_state=train_state["algorithm_state"],
+            )
+            view.forward = lambda p, b: functions.forward(
+                merge_model(graphdef, self._compute_params(p), rest), cast_floating(b, self.dtype))
+            view.loss_and_grad = lambda p, b: plain_loss_and_grad(p, rest, b, step_rng, step)
+            run(plan, Event.BEFORE_TRAIN_BATCH, view)
+            _, params, rest = split_model(view.model)
+
+            if self.microbatch_size is None:
+                grads, rest = backward(view, params, rest)
+            else:
+                grads, rest = self._accumulate(view, params, rest, backward)
+
+            updates, opt_state = self.optimizer.update(grads, train_state["opt_state"], params)
+            params = optax.apply_updates(params, updates)
+            view.params, view.grads = params, grads
+            view.model = merge_model(graphdef, params, rest)
+            run(plan, Event.AFTER_TRAIN_BATCH, view)
+            _, params, rest = split_model(view.model)
+            new_state = {
+                **train_state,
+                "params": params,
+                "rest": rest,
+                "opt_state": opt_state,
+                "algorithm_state": dict(view.algorithm_state),
+                "step": step + 1,
+            }
+            return new_state, view.loss, dict(view.step_metrics)
+
+        return train_step
+
+    def _accumulate(self, view: StepView, params: Any, rest: Any, backward: Any) -> tuple[Any, Any]:
+        """Mean gradients over microbatches with a ``lax.scan``; traced events run per microbatch."""
+        full_batch = view.batch
+        size = jax.tree.leaves(full_batch)[0].shape[0]
+        micro = self.microbatch_size
+        if size % micro:
+            raise ValueError(
+                f"device_train_microbatch_size={micro} does not divide the batch size {size}; "
+                "choose a divisor of the (global) batch size"
+            )
+        count = size // micro
+        stacked = jax.tree.map(lambda x: x.reshape((count, micro, *x.shape[1:])), full_batch)
+
+        def body(carry: Any, microbatch: Any) -> tuple[Any, Any]:
+            grad_sum, rest, algorithm_state = carry
+            view.batch, view.algorithm_state = microbatch, algorithm_state
+            grads, rest = backward(view, params, rest)
+            grad_sum = jax.tree.map(jnp.add, grad_sum, grads)
+            return (grad_sum, rest, dict(view.algorithm_state)), (view.loss, view.outputs, view.step_metrics)
+
+        zeros = jax.tree.map(jnp.zeros_like, params)
+        init = (zeros, rest, dict(view.algorithm_state))
+        (grad_sum, rest, algorithm_state), (losses, outputs, metrics) = jax.lax.scan(body, init, stacked)
+        view.batch = full_batch
+        view.algorithm_state = algorithm_state
+        view.loss = jnp.mean(losses)
+        view.outputs = jax.tree.map(lambda x: x.reshape((size, *x.shape[2:])), outputs)
+        view.step_metrics = jax.tree.map(lambda x: jnp.mean(x, axis=0), metrics)
+        grads = jax.tree.map(lambda g: g / count, grad_sum)
+        view.grads = grads
+        return grads, rest
+
+    def _eval_fn(self, plan: Plan) -> Any:
+        engine, functions, graphdef = self.engine, self.functions, self.eval_graphdef
+        host_state = self.state
+
+        def eval_step(params: Any, rest: Any, algorithm_state: Any, batch: Any) -> Any:
+            host_state.compile_count += 1
+            view = traced_view(host_state, batch=cast_floating(batch, self.dtype), params=params,
+                               model=merge_model(graphdef, self._compute_params(params), rest),
+                               outputs=None, algorithm_state=algorithm_state)
+            engine.apply_planned(plan, Event.EVAL_BEFORE_FORWARD, view)
+            view.outputs, metrics = functions.metrics(view.model, view.batch)
+            engine.apply_planned(plan, Event.EVAL_AFTER_FORWARD, view)
+            return {name: (jnp.asarray(s, jnp.float32), jnp.asarray(c, jnp.float32))
+                    for name, (s, c) in metrics.items()}
+
+        return eval_step
+
+    def _predict_fn(self, plan: Plan) -> Any:
+        engine, functions, graphdef = self.engine, self.functions, self.eval_graphdef
+        host_state = self.state
+
+        def predict_step(params: Any, rest: Any, algorithm_state: Any, batch: Any) -> Any:
+            host_state.compile_count += 1
+            view = traced_view(host_state, batch=cast_floating(batch, self.dtype), params=params,
+                               model=merge_model(graphdef, self._compute_params(params), rest),
+                               outputs=None, algorithm_state=algorithm_state)
+            engine.apply_planned(plan, Event.PREDICT_BEFORE_FORWARD, view)
+            view.outputs = functions.predict(view.model, view.batch)
+            engine.apply_planned(plan, Event.PREDICT_AFTER_FORWARD, view)
+            return view.outputs
+
+        return predict_step
+
+
+@jax.jit
+def add_metric_sums(total: Any, new: Any) -> Any:
+    """Add one batch's ``{metric: (sum, count)}`` to the running total, on the device."""
+    return jax.tree.map(jnp.add, total, new)

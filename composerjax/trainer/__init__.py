@@ -1,0 +1,5 @@
+"""The Trainer."""
+
+from composerjax.trainer.trainer import Trainer
+
+__all__ = ["Trainer"]

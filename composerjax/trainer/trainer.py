@@ -1,0 +1,500 @@
+"""The Trainer: builds the state, engine and compiled steps, and runs fit / eval / predict."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from composerjax.core.algorithm import Algorithm
+from composerjax.core.callback import Callback
+from composerjax.core.engine import Engine
+from composerjax.core.event import Event
+from composerjax.core.passes import AlgorithmPass
+from composerjax.core.state import State
+from composerjax.core.time import Time, TimeUnit
+from composerjax.data.array_loader import as_batch_iterable
+from composerjax.loggers.destinations import ProgressBarLogger
+from composerjax.loggers.logger import Logger, LoggerDestination
+from composerjax.models.function_model import model_functions
+from composerjax.parallel.mesh import build_mesh
+from composerjax.parallel.sharding import (
+    batch_sharding,
+    global_batch,
+    replicated,
+    train_state_shardings,
+)
+from composerjax.step.builder import StepBuilder, add_metric_sums, split_model
+from composerjax.step.precision import compute_dtype
+
+__all__ = ["Trainer"]
+
+# Which Timestamp counter a max_duration unit is measured on.
+_COUNTER = {
+    TimeUnit.EPOCH: "epoch",
+    TimeUnit.ITERATION: "iteration",
+    TimeUnit.BATCH: "batch",
+    TimeUnit.SAMPLE: "sample",
+    TimeUnit.TOKEN: "token",
+    TimeUnit.SECOND: "total_wct",
+}
+
+
+class Trainer:
+    """Train an NNX model with optax, composing algorithms and callbacks around one compiled step.
+
+    INIT runs in the constructor; ``fit`` trains, ``eval`` returns metrics, ``predict`` returns
+    outputs. ``trainer.state`` and ``trainer.engine`` are public. Between steps the trained values
+    live on the device (``state.train_state``); reading ``trainer.state.model`` merges them in.
+
+    Args:
+        model: a ``ComposerModel`` (e.g. ``ComposerClassifier``), or a plain ``nnx.Module`` with
+            ``loss_fn``.
+        train_dataloader: an ``ArrayLoader`` or any re-iterable of numpy/jax pytrees.
+        max_duration: how long ``fit`` trains: a Time or a string such as ``'10ep'`` or ``'500ba'``.
+        optimizers: an optax ``GradientTransformation`` (default ``optax.adam(1e-3)``).
+        loss_fn: for plain modules: ``fn(model, batch)`` or ``fn(model, batch, rng, step)``
+            returning a scalar loss or ``(loss, metrics_dict)``.
+        algorithms: algorithms to compose into training.
+        callbacks: callbacks to run at events.
+        loggers: logger destinations.
+        eval_dataloader: data for ``eval()`` and periodic evaluation.
+        eval_interval: how often to evaluate during ``fit`` (``'1ep'`` by default when there is
+            eval data; an int means epochs).
+        device_train_microbatch_size: split each batch into microbatches of this size and
+            accumulate gradients inside the step (a ``lax.scan``).
+        precision: ``'fp32'`` or ``'bf16'`` (bf16 compute, fp32 weights and optimizer state).
+        seed: seeds ``state.rng`` and the per-step ``state.step_rng``.
+        run_name: the run's name (defaults to a timestamped one).
+        progress_bar: show a tqdm progress bar (on terminals).
+        log_interval: fetch the loss and step metrics to the host every this many batches, in
+            one transfer, and hand them to the loggers.
+        algorithm_passes: extra engine passes.
+        devices: the devices of the mesh (all local devices by default).
+        parallelism: 'auto' (data parallel over all devices) or 'ddp'.
+
+    Example:
+        >>> import numpy as np, optax
+        >>> from flax import nnx
+        >>> from composerjax import Trainer, ComposerClassifier
+        >>> from composerjax.data import ArrayLoader
+        >>> x = np.random.default_rng(0).normal(size=(64, 4)).astype(np.float32)
+        >>> y = (x[:, 0] > 0).astype(np.int32)
+        >>> trainer = Trainer(ComposerClassifier(nnx.Linear(4, 2, rngs=nnx.Rngs(0)), 2),
+        ...                   ArrayLoader((x, y), batch_size=16), max_duration='2ep',
+        ...                   optimizers=optax.sgd(0.1), progress_bar=False)
+        >>> trainer.fit()
+        >>> trainer.state.timestamp.batch
+        8
+    """
+
+    def __init__(
+        self,
+        model: nnx.Module,
+        train_dataloader: Iterable[Any] | None = None,
+        max_duration: Time | str | int | None = None,
+        optimizers: optax.GradientTransformation | None = None,
+        *,
+        loss_fn: Callable[..., Any] | None = None,
+        algorithms: Algorithm | Sequence[Algorithm] = (),
+        callbacks: Callback | Sequence[Callback] = (),
+        loggers: LoggerDestination | Sequence[LoggerDestination] = (),
+        eval_dataloader: Iterable[Any] | None = None,
+        eval_interval: Time | str | int | None = None,
+        device_train_microbatch_size: int | None = None,
+        precision: str = "fp32",
+        seed: int = 0,
+        run_name: str | None = None,
+        progress_bar: bool = True,
+        log_interval: int = 10,
+        algorithm_passes: Sequence[AlgorithmPass | tuple[AlgorithmPass, int]] | None = None,
+        devices: Sequence[jax.Device] | None = None,
+        parallelism: str = "auto",
+    ) -> None:
+        if not isinstance(model, nnx.Module):
+            raise TypeError(f"model is a {type(model).__name__}; expected a flax nnx.Module")
+        compute_dtype(precision)  # validates
+        if not isinstance(log_interval, int) or log_interval < 1:
+            raise ValueError(f"log_interval={log_interval!r}: expected a positive integer (batches)")
+        if device_train_microbatch_size is not None and (
+            not isinstance(device_train_microbatch_size, int) or device_train_microbatch_size < 1
+        ):
+            raise ValueError(f"device_train_microbatch_size={device_train_microbatch_size!r}: expected a "
+                             "positive integer or None")
+        if not isinstance(seed, int):
+            raise ValueError(f"seed={seed!r}: expected an integer")
+        optimizer = optimizers if optimizers is not None else optax.adam(1e-3)
+        if not isinstance(optimizer, optax.GradientTransformation):
+            raise TypeError(f"optimizers is a {type(optimizer).__name__}; expected an optax GradientTransformation")
+
+        self.functions = model_functions(model, loss_fn)
+        self.mesh = build_mesh(devices)
+        train_loader = as_batch_iterable(train_dataloader) if train_dataloader is not None else None
+        self.state = State(
+            model=model,
+            optimizer=optimizer,
+            max_duration=_to_time(max_duration, "max_duration"),
+            rng=jax.random.key(seed),
+            algorithms=_as_list(algorithms, Algorithm, "algorithms"),
+            callbacks=_as_list(callbacks, Callback, "callbacks"),
+            dataloader=train_loader,
+            dataloader_len=_length(train_loader),
+            precision=precision,
+            run_name=run_name or time.strftime("run-%Y%m%d-%H%M%S"),
+            mesh=self.mesh,
+        )
+        self.eval_dataloader = as_batch_iterable(eval_dataloader) if eval_dataloader is not None else None
+        self.eval_interval = _to_time(
+            eval_interval if eval_interval is not None else ("1ep" if eval_dataloader is not None else None),
+            "eval_interval",
+        )
+        destinations = _as_list(loggers, LoggerDestination, "loggers")
+        if progress_bar:
+            destinations.append(ProgressBarLogger())
+        self.logger = Logger(self.state, destinations)
+        self.engine = Engine(self.state, self.logger, algorithm_passes)
+        self.log_interval = log_interval
+        self.parallelism = parallelism
+        self.microbatch_size = device_train_microbatch_size
+        self._pending: list[tuple[int, Any, Any]] = []
+        self._multi_process = jax.process_count() > 1
+
+        self.engine.run_event(Event.INIT)
+        self._build_device_state()
+
+    # -- device state ----------------------------------------------------------------------------
+    def _build_device_state(self) -> None:
+        state = self.state
+        model = state._model
+        model.eval()
+        eval_graphdef = nnx.split(model, nnx.Param, ...)[0]
+        model.train()
+        train_graphdef, params, rest = split_model(model)
+        state.model_changed = False
+        names = _unique_names(state.algorithms)
+        algorithm_state = {}
+        for name, algorithm in zip(names, state.algorithms):
+            algorithm._state_key = name
+            initial = algorithm.init_state(state)
+            if initial is not None:
+                algorithm_state[name] = initial
+        state.algorithm_state = algorithm_state
+        state.rng, step_key = jax.random.split(state.rng)
+        train_state = {
+            "params": params,
+            "rest": rest,
+            "opt_state": state.optimizer.init(params),
+            "algorithm_state": algorithm_state,
+            "step": jnp.zeros((), jnp.int32),
+            "rng": step_key,
+            "total_steps": jnp.asarray(self._total_steps(), jnp.float32),
+        }
+        self._train_state_sharding = train_state_shardings(self.mesh, train_state, self.parallelism)
+        state.shardings = self._train_state_sharding
+        state.train_state = jax.device_put(train_state, self._train_state_sharding)
+        state._sync_model = self._sync_model
+        self._batch_sharding = batch_sharding(self.mesh)
+        self.builder = StepBuilder(
+            self.engine,
+            state,
+            self.functions,
+            train_graphdef,
+            eval_graphdef,
+            state.optimizer,
+            self.microbatch_size,
+            self._train_state_sharding,
+            self._batch_sharding,
+            replicated(self.mesh),
+        )
+
+    def _sync_model(self) -> None:
+        """Merge the device values into ``state.model`` (only when host code reads it)."""
+        state = self.state
+        train_state = state.train_state
+        nnx.update(state._model, nnx.State(train_state["params"]), nnx.State(train_state["rest"]))
+        state._model_stale = False
+
+    def _refresh_from_model(self) -> None:
+        """Host code may have changed ``state.model``: take its values (and graph) into the device state."""
+        state = self.state
+        state.model_changed = False
+        model = state._model
+        model.eval()
+        eval_graphdef = nnx.split(model, nnx.Param, ...)[0]
+        model.train()
+        graphdef, params, rest = split_model(model)
+        if graphdef != self.builder.train_graphdef:
+            self.builder.train_graphdef, self.builder.eval_graphdef = graphdef, eval_graphdef
+            self.builder.clear()
+        train_state = state.train_state
+        if jax.tree.structure(params) != jax.tree.structure(train_state["params"]):
+            opt_state = state.optimizer.init(params)
+        else:
+            opt_state = train_state["opt_state"]
+        updated = {**train_state, "params": params, "rest": rest, "opt_state": opt_state}
+        self._train_state_sharding = train_state_shardings(self.mesh, updated, self.parallelism)
+        self.builder.train_state_sharding = self._train_state_sharding
+        state.train_state = jax.device_put(updated, self._train_state_sharding)
+
+    def _total_steps(self) -> float:
+        """The number of optimizer steps in ``max_duration``, for ``state.progress`` inside the step."""
+        duration, state = self.state.max_duration, self.state
+        if duration is None:
+            return float("inf")
+        if duration.unit == TimeUnit.BATCH:
+            return float(max(duration.value, 1))
+        if duration.unit == TimeUnit.EPOCH and state.dataloader_len:
+            return float(max(duration.value * state.dataloader_len, 1))
+        if duration.unit == TimeUnit.SAMPLE and hasattr(state.dataloader, "global_batch_size"):
+            return float(max(-(-duration.value // state.dataloader.global_batch_size), 1))
+        # Token and wall-clock durations have no step count known in advance.
+        return float("inf")
+
+    # -- fit -------------------------------------------------------------------------------------
+    def fit(self, duration: Time | str | int | None = None) -> None:
+        """Train until ``max_duration``, or, with ``duration``, that much more from where it stands.
+
+        Example: ``trainer.fit()`` then ``trainer.fit('1ep')`` trains one more epoch.
+        """
+        state = self.state
+        if state.dataloader is None:
+            raise ValueError("fit(): train_dataloader is None; pass one to Trainer(...)")
+        if duration is not None:
+            extra = _to_time(duration, "duration")
+            now = getattr(state.timestamp, _COUNTER[extra.unit])
+            state.max_duration = Time(now + extra.value, extra.unit)
+        if state.max_duration is None:
+            raise ValueError("fit(): max_duration is None; pass max_duration to Trainer or a duration to fit()")
+        self._set_total_steps()
+        self.engine.run_event(Event.FIT_START)
+        self._train_loop()
+        self._flush_logs()
+        self.engine.run_event(Event.FIT_END)
+
+    def _set_total_steps(self) -> None:
+        total = self._total_steps()
+        train_state = self.state.train_state
+        train_state["total_steps"] = jax.device_put(jnp.asarray(total, jnp.float32),
+                                                    self._train_state_sharding["total_steps"])
+
+    def _done(self) -> bool:
+        duration = self.state.max_duration
+        return getattr(self.state.timestamp, self._counter) >= duration.value
+
+    def _train_loop(self) -> None:
+        state, engine = self.state, self.engine
+        run_event = engine.run_event
+        loader = state.dataloader
+        self._counter = _COUNTER[state.max_duration.unit]
+        eval_every_batches = self._eval_every(TimeUnit.BATCH)
+        eval_every_epochs = self._eval_every(TimeUnit.EPOCH)
+        while not self._done():
+            if state.timestamp.batch_in_epoch == 0:
+                run_event(Event.EPOCH_START)
+            exhausted = True
+            iterator = iter(loader)
+            while True:
+                run_event(Event.BEFORE_DATALOADER)
+                try:
+                    batch = next(iterator)
+                except StopIteration:
+                    break
+                state.batch = batch
+                run_event(Event.AFTER_DATALOADER)
+                run_event(Event.BATCH_START)
+                start = time.perf_counter()
+                samples = self._train_batch()
+                state.timestamp = state.timestamp.to_next_batch(samples=samples,
+                                                                duration=time.perf_counter() - start)
+                run_event(Event.BATCH_END)
+                run_event(Event.BATCH_CHECKPOINT)
+                if eval_every_batches and state.timestamp.batch % eval_every_batches == 0:
+                    self._eval_during_fit()
+                if state.timestamp.batch_in_epoch == state.dataloader_len:
+                    break
+                if self._done():
+                    exhausted = False
+                    break
+            if exhausted:
+                if state.timestamp.batch_in_epoch == 0:
+                    raise ValueError("train_dataloader yielded no batches in an epoch")
+                self._flush_logs()
+                state.timestamp = state.timestamp.to_next_epoch()
+                run_event(Event.EPOCH_END)
+                run_event(Event.EPOCH_CHECKPOINT)
+                if eval_every_epochs and state.timestamp.epoch % eval_every_epochs == 0:
+                    self._eval_during_fit()
+
+    def _train_batch(self) -> int:
+        """Run one compiled step on ``state.batch``; return its global sample count. No host sync."""
+        state, builder = self.state, self.builder
+        if state.model_changed:
+            self._refresh_from_model()
+        plan = builder.plan_train()
+        step = builder.train_step(plan)
+        batch = state.batch
+        first_leaf = jax.tree.leaves(batch)[0]
+        if self._multi_process:
+            batch = global_batch(batch, self._batch_sharding)
+        state.train_state, state.loss, state.step_metrics = step(state.train_state, batch)
+        state._model_stale = True
+        if plan:
+            self.engine.record_plan(plan, state.timestamp.batch)
+        if self.logger.destinations:
+            self._pending.append((state.timestamp.batch + 1, state.loss, state.step_metrics))
+            if len(self._pending) >= self.log_interval:
+                self._flush_logs()
+        return first_leaf.shape[0] * jax.process_count() if self._multi_process else first_leaf.shape[0]
+
+    def _flush_logs(self) -> None:
+        """Fetch pending losses and step metrics in one transfer and hand them to the loggers."""
+        if not self._pending:
+            return
+        pending, self._pending = self._pending, []
+        values = jax.device_get([(loss, metrics) for _, loss, metrics in pending])
+        for (batch, _, _), (loss, metrics) in zip(pending, values):
+            row = {"loss/train/total": float(loss)}
+            row.update({f"train/{name}": float(np.mean(value)) for name, value in metrics.items()})
+            self.logger.log_metrics(row, step=batch)
+
+    # -- eval ------------------------------------------------------------------------------------
+    def _eval_every(self, unit: TimeUnit) -> int:
+        interval = self.eval_interval
+        if self.eval_dataloader is None or interval is None or interval.unit != unit:
+            return 0
+        return int(interval.value)
+
+    def _eval_during_fit(self) -> None:
+        self._flush_logs()
+        self.eval()
+
+    def eval(self, eval_dataloader: Iterable[Any] | None = None) -> dict[str, float]:
+        """Evaluate on ``eval_dataloader`` (or the trainer's) and return ``{metric: value}``.
+
+        Metrics are summed on the device and fetched once at the end; they are also logged as
+        ``metrics/eval/<name>`` and stored in ``state.metrics['eval']``.
+        """
+        loader = as_batch_iterable(eval_dataloader) if eval_dataloader is not None else self.eval_dataloader
+        if loader is None:
+            raise ValueError("eval(): no eval_dataloader given to Trainer(...) or to eval()")
+        state, engine, builder = self.state, self.engine, self.builder
+        if state.model_changed:
+            self._refresh_from_model()
+        engine.run_event(Event.EVAL_BEFORE_ALL)
+        engine.run_event(Event.EVAL_START)
+        totals = None
+        train_state = state.train_state
+        for batch in _epoch_of(loader):
+            state.batch = batch
+            engine.run_event(Event.EVAL_BATCH_START)
+            if state.model_changed:
+                self._refresh_from_model()
+                train_state = state.train_state
+            plan = builder.plan_eval()
+            step = builder.eval_step(plan)
+            if self._multi_process:
+                batch = global_batch(batch, self._batch_sharding)
+            sums = step(train_state["params"], train_state["rest"], train_state["algorithm_state"], batch)
+            totals = sums if totals is None else add_metric_sums(totals, sums)
+            engine.run_event(Event.EVAL_BATCH_END)
+        if totals is None:
+            raise ValueError("eval(): the eval dataloader yielded no batches")
+        fetched = jax.device_get(totals)
+        results = {name: float(total / max(count, 1e-12)) for name, (total, count) in fetched.items()}
+        state.metrics["eval"] = results
+        self.logger.log_metrics({f"metrics/eval/{name}": value for name, value in results.items()})
+        engine.run_event(Event.EVAL_END)
+        engine.run_event(Event.EVAL_AFTER_ALL)
+        return results
+
+    # -- predict ---------------------------------------------------------------------------------
+    def predict(self, dataloader: Iterable[Any]) -> list[Any]:
+        """Return the model's outputs for every batch of ``dataloader`` (fetched in one transfer)."""
+        loader = as_batch_iterable(dataloader)
+        state, engine, builder = self.state, self.engine, self.builder
+        if state.model_changed:
+            self._refresh_from_model()
+        engine.run_event(Event.PREDICT_START)
+        outputs = []
+        for batch in _epoch_of(loader):
+            state.batch = batch
+            engine.run_event(Event.PREDICT_BATCH_START)
+            if state.model_changed:
+                self._refresh_from_model()
+            train_state = state.train_state
+            plan = builder.plan_predict()
+            step = builder.predict_step(plan)
+            if self._multi_process:
+                batch = global_batch(batch, self._batch_sharding)
+            state.outputs = step(train_state["params"], train_state["rest"], train_state["algorithm_state"], batch)
+            outputs.append(state.outputs)
+            engine.run_event(Event.PREDICT_BATCH_END)
+        engine.run_event(Event.PREDICT_END)
+        return jax.device_get(outputs)
+
+    # -- shutdown --------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Flush pending logs and close every callback and logger destination."""
+        if not self.engine.closed:
+            self._flush_logs()
+        self.engine.close()
+
+    @property
+    def compile_count(self) -> int:
+        """How many steps (train, eval and predict) have been traced and compiled."""
+        return self.state.compile_count
+
+
+def _epoch_of(loader: Iterable[Any]) -> Iterable[Any]:
+    """One full pass over ``loader``; an ArrayLoader is reset to the start of its epoch first."""
+    if hasattr(loader, "set_epoch") and hasattr(loader, "epoch"):
+        loader.set_epoch(loader.epoch)
+    return iter(loader)
+
+
+def _to_time(value: Time | str | int | None, field: str) -> Time | None:
+    if value is None or isinstance(value, Time):
+        return value
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise ValueError(f"{field}={value!r}: expected a Time, a time string such as '10ep' or '500ba', or an "
+                         "int (epochs)")
+    try:
+        return Time.from_input(value, TimeUnit.EPOCH)
+    except ValueError as error:
+        raise ValueError(f"{field}: {error}") from error
+
+
+def _as_list(items: Any, kind: type, field: str) -> list[Any]:
+    if items is None:
+        return []
+    if isinstance(items, kind):
+        return [items]
+    items = list(items)
+    for index, item in enumerate(items):
+        if not isinstance(item, kind):
+            raise TypeError(f"{field}[{index}] is a {type(item).__name__}; expected a {kind.__name__}")
+    return items
+
+
+def _length(loader: Any) -> int | None:
+    try:
+        return len(loader)
+    except TypeError:
+        return None
+
+
+def _unique_names(algorithms: Sequence[Algorithm]) -> list[str]:
+    seen: dict[str, int] = {}
+    names = []
+    for algorithm in algorithms:
+        name = type(algorithm).__name__
+        count = seen.get(name, 0)
+        seen[name] = count + 1
+        names.append(f"{name}#{count}" if count else name)
+    return names
