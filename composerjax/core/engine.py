@@ -56,6 +56,7 @@ class Engine:
         self.state = state
         self.logger = logger
         self.algorithm_passes: list[AlgorithmPass] = list(DEFAULT_PASSES)
+        self._pass_memo: dict[tuple[Event, tuple[Algorithm, ...]], tuple[Algorithm, ...]] = {}
         for algorithm_pass in algorithm_passes or ():
             if isinstance(algorithm_pass, tuple):
                 self.register_pass(*algorithm_pass)
@@ -64,9 +65,8 @@ class Engine:
         self.trace_log: deque[Trace] = deque(maxlen=trace_log_size)
         self.markers: dict[Event, float] = {}
         self._closed = False
-        self._pass_memo: dict[tuple[Event, tuple[Algorithm, ...]], tuple[Algorithm, ...]] = {}
         self._listeners: dict[Event, tuple[Callable[[State, Any], None], ...]] = {}
-        self._listener_key: tuple[int, ...] = ()
+        self._rebuild_listeners()
         self._plan_records: dict[Plan, tuple[tuple[str, Event, int], ...]] = {}
 
     # -- passes ----------------------------------------------------------------------------------
@@ -103,10 +103,10 @@ class Engine:
         state = self.state
         if event is Event.INIT:
             self._run_callbacks(event, state)
-            traces = self._run_algorithms(event, state)
-        else:
-            traces = self._run_algorithms(event, state)
-            self._run_callbacks(event, state)
+            return self._run_algorithms(event, state)
+        traces = self._run_algorithms(event, state) if state.algorithms else OrderedDict()
+        for listener in self._listeners_for(event):
+            listener(state, self.logger)
         return traces
 
     def run_marker_only_event(self, event: Event | str) -> None:
@@ -144,13 +144,23 @@ class Engine:
             listener(state, self.logger)
 
     def _listeners_for(self, event: Event) -> tuple[Callable[[State, Any], None], ...]:
-        # Rebuilt only when a callback list is replaced or changes length: cheap enough per event.
-        callbacks, destinations = self.state.callbacks, getattr(self.logger, "destinations", ())
-        key = (id(callbacks), len(callbacks), id(destinations), len(destinations))
-        if key != self._listener_key:
-            self._listeners = _listener_table(self._all_callbacks())
-            self._listener_key = key
+        # Rebuilt only when a callback list is replaced or changes length: a few pointer compares per event.
+        callbacks, destinations = self.state.callbacks, self._destinations
+        if (
+            callbacks is not self._callbacks_seen
+            or len(callbacks) != self._callbacks_len
+            or len(destinations) != self._destinations_len
+            or destinations is not getattr(self.logger, "destinations", ())
+        ):
+            self._rebuild_listeners()
         return self._listeners.get(event, ())
+
+    def _rebuild_listeners(self) -> None:
+        self._callbacks_seen = self.state.callbacks
+        self._callbacks_len = len(self._callbacks_seen)
+        self._destinations = getattr(self.logger, "destinations", ())
+        self._destinations_len = len(self._destinations)
+        self._listeners = _listener_table(self._all_callbacks())
 
     def _all_callbacks(self) -> list[Callback]:
         destinations = getattr(self.logger, "destinations", ())

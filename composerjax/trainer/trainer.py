@@ -31,6 +31,7 @@ from composerjax.parallel.sharding import (
     train_state_shardings,
 )
 from composerjax.step.builder import StepBuilder, add_metric_sums, split_model
+from composerjax.step.keys import KeyCodec
 from composerjax.step.precision import compute_dtype
 
 __all__ = ["Trainer"]
@@ -186,14 +187,14 @@ class Trainer:
                 algorithm_state[name] = initial
         state.algorithm_state = algorithm_state
         state.rng, step_key = jax.random.split(state.rng)
+        step_key_data = np.asarray(jax.random.key_data(step_key))
+        rest_codec = KeyCodec(rest)
         train_state = {
             "params": params,
-            "rest": rest,
+            "rest": rest_codec.encode(rest),
             "opt_state": state.optimizer.init(params),
             "algorithm_state": algorithm_state,
-            "step": jnp.zeros((), jnp.int32),
-            "rng": step_key,
-            "total_steps": jnp.asarray(self._total_steps(), jnp.float32),
+            "clock": jnp.asarray([0, self._total_steps()], jnp.int32),
         }
         self._train_state_sharding = train_state_shardings(self.mesh, train_state, self.parallelism)
         state.shardings = self._train_state_sharding
@@ -211,13 +212,16 @@ class Trainer:
             self._train_state_sharding,
             self._batch_sharding,
             replicated(self.mesh),
+            rest_codec,
+            step_key_data,
         )
 
     def _sync_model(self) -> None:
         """Merge the device values into ``state.model`` (only when host code reads it)."""
         state = self.state
         train_state = state.train_state
-        nnx.update(state._model, nnx.State(train_state["params"]), nnx.State(train_state["rest"]))
+        rest = self.builder.rest_codec.decode(train_state["rest"])
+        nnx.update(state._model, nnx.State(train_state["params"]), nnx.State(rest))
         state._model_stale = False
 
     def _refresh_from_model(self) -> None:
@@ -229,6 +233,8 @@ class Trainer:
         eval_graphdef = nnx.split(model, nnx.Param, ...)[0]
         model.train()
         graphdef, params, rest = split_model(model)
+        self.builder.rest_codec = KeyCodec(rest)
+        rest = self.builder.rest_codec.encode(rest)
         if graphdef != self.builder.train_graphdef:
             self.builder.train_graphdef, self.builder.eval_graphdef = graphdef, eval_graphdef
             self.builder.clear()
@@ -242,19 +248,19 @@ class Trainer:
         self.builder.train_state_sharding = self._train_state_sharding
         state.train_state = jax.device_put(updated, self._train_state_sharding)
 
-    def _total_steps(self) -> float:
-        """The number of optimizer steps in ``max_duration``, for ``state.progress`` inside the step."""
+    def _total_steps(self) -> int:
+        """Optimizer steps in ``max_duration``, for ``state.progress`` inside the step; 0 if unknown."""
         duration, state = self.state.max_duration, self.state
         if duration is None:
-            return float("inf")
+            return 0
         if duration.unit == TimeUnit.BATCH:
-            return float(max(duration.value, 1))
+            return int(duration.value)
         if duration.unit == TimeUnit.EPOCH and state.dataloader_len:
-            return float(max(duration.value * state.dataloader_len, 1))
+            return int(duration.value * state.dataloader_len)
         if duration.unit == TimeUnit.SAMPLE and hasattr(state.dataloader, "global_batch_size"):
-            return float(max(-(-duration.value // state.dataloader.global_batch_size), 1))
-        # Token and wall-clock durations have no step count known in advance.
-        return float("inf")
+            return int(-(-duration.value // state.dataloader.global_batch_size))
+        # Token and wall-clock durations have no step count known in advance: progress stays 0.
+        return 0
 
     # -- fit -------------------------------------------------------------------------------------
     def fit(self, duration: Time | str | int | None = None) -> None:
@@ -278,50 +284,48 @@ class Trainer:
         self.engine.run_event(Event.FIT_END)
 
     def _set_total_steps(self) -> None:
-        total = self._total_steps()
         train_state = self.state.train_state
-        train_state["total_steps"] = jax.device_put(jnp.asarray(total, jnp.float32),
-                                                    self._train_state_sharding["total_steps"])
+        clock = train_state["clock"].at[1].set(self._total_steps())
+        train_state["clock"] = jax.device_put(clock, self._train_state_sharding["clock"])
 
     def _done(self) -> bool:
-        duration = self.state.max_duration
-        return getattr(self.state.timestamp, self._counter) >= duration.value
+        return getattr(self.state.timestamp, self._counter) >= self.state.max_duration.value
 
     def _train_loop(self) -> None:
         state, engine = self.state, self.engine
         run_event = engine.run_event
         loader = state.dataloader
-        self._counter = _COUNTER[state.max_duration.unit]
+        counter = self._counter = _COUNTER[state.max_duration.unit]
         eval_every_batches = self._eval_every(TimeUnit.BATCH)
         eval_every_epochs = self._eval_every(TimeUnit.EPOCH)
+        train_batch = self._train_batch
+        perf_counter = time.perf_counter
         while not self._done():
             if state.timestamp.batch_in_epoch == 0:
                 run_event(Event.EPOCH_START)
-            exhausted = True
+            epoch_ended = True
             iterator = iter(loader)
             while True:
                 run_event(Event.BEFORE_DATALOADER)
                 try:
-                    batch = next(iterator)
+                    state.batch = next(iterator)
                 except StopIteration:
                     break
-                state.batch = batch
                 run_event(Event.AFTER_DATALOADER)
                 run_event(Event.BATCH_START)
-                start = time.perf_counter()
-                samples = self._train_batch()
-                state.timestamp = state.timestamp.to_next_batch(samples=samples,
-                                                                duration=time.perf_counter() - start)
+                start = perf_counter()
+                samples = train_batch()
+                timestamp = state.timestamp = state.timestamp.to_next_batch(samples, 0, perf_counter() - start)
                 run_event(Event.BATCH_END)
                 run_event(Event.BATCH_CHECKPOINT)
-                if eval_every_batches and state.timestamp.batch % eval_every_batches == 0:
+                if eval_every_batches and timestamp.batch % eval_every_batches == 0:
                     self._eval_during_fit()
-                if state.timestamp.batch_in_epoch == state.dataloader_len:
+                if timestamp.batch_in_epoch == state.dataloader_len:
                     break
-                if self._done():
-                    exhausted = False
+                if getattr(timestamp, counter) >= state.max_duration.value:
+                    epoch_ended = False
                     break
-            if exhausted:
+            if epoch_ended:
                 if state.timestamp.batch_in_epoch == 0:
                     raise ValueError("train_dataloader yielded no batches in an epoch")
                 self._flush_logs()
@@ -337,11 +341,12 @@ class Trainer:
         if state.model_changed:
             self._refresh_from_model()
         plan = builder.plan_train()
-        step = builder.train_step(plan)
+        step = builder._train.get(plan) or builder.train_step(plan)
         batch = state.batch
-        first_leaf = jax.tree.leaves(batch)[0]
+        samples = (batch[0] if type(batch) is tuple else jax.tree.leaves(batch)[0]).shape[0]
         if self._multi_process:
             batch = global_batch(batch, self._batch_sharding)
+            samples *= jax.process_count()
         state.train_state, state.loss, state.step_metrics = step(state.train_state, batch)
         state._model_stale = True
         if plan:
@@ -350,7 +355,7 @@ class Trainer:
             self._pending.append((state.timestamp.batch + 1, state.loss, state.step_metrics))
             if len(self._pending) >= self.log_interval:
                 self._flush_logs()
-        return first_leaf.shape[0] * jax.process_count() if self._multi_process else first_leaf.shape[0]
+        return samples
 
     def _flush_logs(self) -> None:
         """Fetch pending losses and step metrics in one transfer and hand them to the loggers."""
