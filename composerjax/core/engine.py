@@ -105,8 +105,19 @@ class Engine:
             self._run_callbacks(event, state)
             return self._run_algorithms(event, state)
         traces = self._run_algorithms(event, state) if state.algorithms else OrderedDict()
-        for listener in self._listeners_for(event):
-            listener(state, self.logger)
+        # Inlined _listeners_for: this runs for every host event of every batch.
+        callbacks, destinations = state.callbacks, self._destinations
+        if (
+            callbacks is not self._callbacks_seen
+            or len(callbacks) != self._callbacks_len
+            or len(destinations) != self._destinations_len
+        ):
+            self._rebuild_listeners()
+        listeners = self._listeners.get(event)
+        if listeners:
+            logger = self.logger
+            for listener in listeners:
+                listener(state, logger)
         return traces
 
     def run_marker_only_event(self, event: Event | str) -> None:
@@ -150,7 +161,6 @@ class Engine:
             callbacks is not self._callbacks_seen
             or len(callbacks) != self._callbacks_len
             or len(destinations) != self._destinations_len
-            or destinations is not getattr(self.logger, "destinations", ())
         ):
             self._rebuild_listeners()
         return self._listeners.get(event, ())

@@ -52,7 +52,12 @@ class Logger:
 
     def __init__(self, state: State | None, destinations: Sequence[LoggerDestination] = ()) -> None:
         self._state = state
-        self.destinations: list[LoggerDestination] = list(destinations)
+        self._destinations: list[LoggerDestination] = list(destinations)
+
+    @property
+    def destinations(self) -> list[LoggerDestination]:
+        """The destinations; mutate this list (append/remove) rather than replacing it."""
+        return self._destinations
 
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
         """Log scalar metrics at ``step`` (defaults to the current batch)."""

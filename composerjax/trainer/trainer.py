@@ -159,6 +159,7 @@ class Trainer:
         if progress_bar:
             destinations.append(ProgressBarLogger())
         self.logger = Logger(self.state, destinations)
+        self._destinations = self.logger.destinations
         self.engine = Engine(self.state, self.logger, algorithm_passes)
         self.log_interval = log_interval
         self.parallelism = parallelism
@@ -340,7 +341,7 @@ class Trainer:
         state, builder = self.state, self.builder
         if state.model_changed:
             self._refresh_from_model()
-        plan = builder.plan_train()
+        plan = builder.plan_train() if state.algorithms else ()
         step = builder._train.get(plan) or builder.train_step(plan)
         batch = state.batch
         samples = (batch[0] if type(batch) is tuple else jax.tree.leaves(batch)[0]).shape[0]
@@ -351,7 +352,7 @@ class Trainer:
         state._model_stale = True
         if plan:
             self.engine.record_plan(plan, state.timestamp.batch)
-        if self.logger.destinations:
+        if self._destinations:
             self._pending.append((state.timestamp.batch + 1, state.loss, state.step_metrics))
             if len(self._pending) >= self.log_interval:
                 self._flush_logs()
