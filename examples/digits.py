@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import time
 
-import numpy as np
 import optax
 from flax import nnx
-from sklearn.datasets import load_digits
 
 from composerjax import ArrayLoader, ComposerClassifier, Trainer
+from composerjax.data.digits import load_digits_split
 from composerjax.loggers import FileLogger, ProgressBarLogger
 from composerjax.models import SmallCNN
 
@@ -20,18 +19,8 @@ SEED = 0
 LOG_PATH = "runs/digits/metrics.jsonl"
 
 
-def digits_split(seed: int = SEED) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
-    """The 1,797 8x8 digits images scaled to [0, 1], split 1,500 train / 297 test with a fixed seed."""
-    digits = load_digits()
-    images = (digits.images / 16.0).astype(np.float32)
-    labels = digits.target.astype(np.int32)
-    order = np.random.default_rng(seed).permutation(len(images))
-    train, test = order[:1500], order[1500:]
-    return (images[train], labels[train]), (images[test], labels[test])
-
-
 def main() -> None:
-    (x_train, y_train), (x_test, y_test) = digits_split()
+    (x_train, y_train), (x_test, y_test) = load_digits_split(seed=SEED)
     model = ComposerClassifier(SmallCNN(num_classes=10, rngs=nnx.Rngs(SEED)), num_classes=10)
     trainer = Trainer(
         model,
