@@ -278,7 +278,8 @@ def test_microbatches_give_the_full_batch_update():
     assert int(micro.state.step_metrics["microbatch"]) == 8
     assert int(full.state.step_metrics["microbatch"]) == 32
     np.testing.assert_allclose(float(micro.state.loss), float(full.state.loss), rtol=1e-5)
-    for a, b in zip(jax.tree.leaves(full.state.train_state["params"]), jax.tree.leaves(micro.state.train_state["params"])):
+    full_params, micro_params = full.state.train_state["params"], micro.state.train_state["params"]
+    for a, b in zip(jax.tree.leaves(full_params), jax.tree.leaves(micro_params)):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
 
 
