@@ -74,8 +74,9 @@ class Trainer:
         seed: seeds ``state.rng`` and the per-step ``state.step_rng``.
         run_name: the run's name (defaults to a timestamped one).
         progress_bar: show a tqdm progress bar (on terminals).
-        log_interval: fetch the loss and step metrics to the host every this many batches, in
-            one transfer, and hand them to the loggers.
+        log_interval: hand the loss and step metrics to the loggers every this many batches,
+            fetched in one transfer, one interval behind the newest step so the device never
+            waits (everything pending is flushed at epoch end, before eval and at fit end).
         algorithm_passes: extra engine passes.
         devices: the devices of the mesh (all local devices by default).
         parallelism: 'auto' (data parallel over all devices) or 'ddp'.
@@ -157,7 +158,9 @@ class Trainer:
         )
         destinations = _as_list(loggers, LoggerDestination, "loggers")
         if progress_bar:
-            destinations.append(ProgressBarLogger())
+            bar = ProgressBarLogger()
+            if not bar.disable:  # a hidden bar would still make the trainer fetch losses
+                destinations.append(bar)
         self.logger = Logger(self.state, destinations)
         self._destinations = self.logger.destinations
         self.engine = Engine(self.state, self.logger, algorithm_passes)
@@ -354,15 +357,18 @@ class Trainer:
             self.engine.record_plan(plan, state.timestamp.batch)
         if self._destinations:
             self._pending.append((state.timestamp.batch + 1, state.loss, state.step_metrics))
-            if len(self._pending) >= self.log_interval:
-                self._flush_logs()
+            # Fetch one interval behind the newest step: those values are already computed, so the
+            # transfer does not stall the device queue.
+            if len(self._pending) >= 2 * self.log_interval:
+                self._flush_logs(self.log_interval)
         return samples
 
-    def _flush_logs(self) -> None:
-        """Fetch pending losses and step metrics in one transfer and hand them to the loggers."""
+    def _flush_logs(self, count: int | None = None) -> None:
+        """Fetch the oldest ``count`` (default: all) pending losses and step metrics in one transfer."""
         if not self._pending:
             return
-        pending, self._pending = self._pending, []
+        count = len(self._pending) if count is None else count
+        pending, self._pending = self._pending[:count], self._pending[count:]
         values = jax.device_get([(loss, metrics) for _, loss, metrics in pending])
         for (batch, _, _), (loss, metrics) in zip(pending, values):
             row = {"loss/train/total": float(loss)}
