@@ -125,8 +125,12 @@ class State:
         return self.timestamp.get_progress(self.max_duration)
 
     def stop_training(self) -> None:
-        """End training after the current batch by setting ``max_duration`` to the batches done."""
-        self.max_duration = Time(self.timestamp.batch, TimeUnit.BATCH)
+        """End training after the current batch: ``max_duration`` becomes the time elapsed so far.
+
+        The unit of ``max_duration`` is kept, so the trainer's duration check stays the same.
+        """
+        unit = self.max_duration.unit if self.max_duration is not None else TimeUnit.BATCH
+        self.max_duration = Time(self.timestamp.get(unit).value, unit)
 
     # -- batch access, as in Composer ------------------------------------------------------------
     def batch_get_item(self, key: int | str | Callable[[Any], Any]) -> Any:

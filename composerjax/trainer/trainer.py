@@ -285,6 +285,10 @@ class Trainer:
         self.engine.run_event(Event.FIT_START)
         self._train_loop()
         self._flush_logs()
+        # The first step donated the arrays the user's module held: give it the trained ones back
+        # (once per fit, not per step), so the caller's own handle on the model stays usable.
+        if state._model_stale:
+            self._sync_model()
         self.engine.run_event(Event.FIT_END)
 
     def _set_total_steps(self) -> None:
