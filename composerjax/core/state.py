@@ -73,7 +73,7 @@ class State:
         self.outputs: Any = None
         self.loss: Any = None
         self.grads: Any = None
-        self.algorithm_state: dict[str, Any] = {}
+        self._algorithm_state: dict[str, Any] = {}
         self.step_metrics: dict[str, Any] = {}
         self.metrics: dict[str, Any] = {}
         self.train_state: dict[str, Any] | None = None
@@ -94,6 +94,43 @@ class State:
         self._model = value
         self._model_stale = False
         self.model_changed = True
+
+    # -- device values, read and replaced from host events ---------------------------------------
+    @property
+    def params(self) -> Any:
+        """The current parameters (device arrays, a nested dict like ``nnx.to_pure_dict``).
+
+        Setting it on a host event replaces the parameters the next step (or eval) uses, keeping
+        their shardings: e.g. swap in averaged weights before eval and back after it.
+        """
+        if self.train_state is None:
+            raise RuntimeError("state.params: the device state is not built yet (it is built after INIT)")
+        return self.train_state["params"]
+
+    @params.setter
+    def params(self, value: Any) -> None:
+        if self.train_state is None:
+            raise RuntimeError("state.params: the device state is not built yet (it is built after INIT)")
+        current = self.train_state["params"]
+        if jax.tree.structure(value) != jax.tree.structure(current):
+            raise ValueError("state.params: the new parameters do not have the structure of the current ones")
+        self.train_state = {**self.train_state, "params": _place_like(value, current)}
+        self._model_stale = True
+
+    @property
+    def algorithm_state(self) -> dict[str, Any]:
+        """Each algorithm's device state by name (``Algorithm.init_state``); latest values between steps."""
+        if self.train_state is not None:
+            return self.train_state["algorithm_state"]
+        return self._algorithm_state
+
+    @algorithm_state.setter
+    def algorithm_state(self, value: dict[str, Any]) -> None:
+        if self.train_state is not None:
+            self.train_state = {**self.train_state, "algorithm_state": _place_like(value,
+                                                                                   self.train_state["algorithm_state"])}
+        else:
+            self._algorithm_state = value
 
     # -- time ------------------------------------------------------------------------------------
     @property

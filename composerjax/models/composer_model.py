@@ -102,7 +102,8 @@ class ComposerClassifier(ComposerModel):
         """``accuracy`` and ``cross_entropy`` as (sum, count) pairs."""
         targets = batch[1]
         labels = jnp.argmax(targets, axis=-1) if targets.ndim == outputs.ndim else targets
-        count = jnp.asarray(outputs.shape[0], jnp.float32)
+        # One prediction per label: (N,) for images, (N, T) for sequences.
+        count = jnp.asarray(labels.size, jnp.float32)
         correct = jnp.sum((jnp.argmax(outputs, axis=-1) == labels).astype(jnp.float32))
         return {
             "accuracy": (correct, count),

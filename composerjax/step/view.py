@@ -27,6 +27,7 @@ class StepView(State):
     progress: Any = None
     step_rng: Any = None
     params: Any = None
+    algorithm_state: Any = None
 
     def forward(self, params: Any, batch: Any) -> Any:  # replaced per trace
         """Outputs of the model with ``params`` on ``batch`` (no events run)."""

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 from flax import nnx
 
-from composerjax import ArrayLoader, ComposerClassifier, Trainer
+from composerjax import Algorithm, ArrayLoader, ComposerClassifier, Event, Trainer
 
 
 def test_callers_module_is_usable_and_trained_after_fit(classification_arrays):
@@ -24,3 +26,33 @@ def test_callers_module_is_usable_and_trained_after_fit(classification_arrays):
     trainer.fit("1ep")  # training continues from the synced values without a retrace
     assert trainer.compile_count == 1
     assert not np.allclose(np.asarray(module.kernel[...]), trained)
+
+
+class ZeroWeightsForEval(Algorithm):
+    """Host algorithm: swap other weights in for eval through state.params, restore after."""
+
+    def match(self, event, state):
+        return event in (Event.EVAL_START, Event.EVAL_END)
+
+    def apply(self, event, state, logger):
+        if event == Event.EVAL_START:
+            self.saved = state.params
+            state.params = jax.tree.map(jnp.zeros_like, state.params)
+        else:
+            state.params = self.saved
+
+
+def test_params_swapped_on_host_events_reach_eval_and_come_back(classification_arrays):
+    x, y = classification_arrays
+    trainer = Trainer(ComposerClassifier(nnx.Linear(4, 2, rngs=nnx.Rngs(0)), 2), ArrayLoader((x, y), 16), "1ep",
+                      optax.adam(1e-2), algorithms=[ZeroWeightsForEval()], progress_bar=False)
+    trainer.fit()
+    before = jax.device_get(trainer.state.params)
+    results = trainer.eval(ArrayLoader((x, y), 64, shuffle=False))
+    # zero weights: uniform logits, loss ln 2, argmax picks class 0
+    assert results["cross_entropy"] == pytest.approx(np.log(2), rel=1e-6)
+    assert results["accuracy"] == pytest.approx(float(np.mean(y == 0)))
+    after = jax.device_get(trainer.state.params)
+    for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(after)):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(np.asarray(trainer.state.model.module.kernel[...]), after["module"]["kernel"])
