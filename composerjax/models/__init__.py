@@ -1,6 +1,19 @@
-"""Models: the ComposerModel protocol and small reference models."""
+"""Models: the ComposerModel protocol and small reference models for examples and benchmarks."""
 
 from composerjax.models.composer_model import ComposerClassifier, ComposerModel, MetricSums
+from composerjax.models.gpt import CausalSelfAttention, DecoderBlock, FeedForward, TinyGPT
+from composerjax.models.resnet import BasicBlock, SmallResNet
 from composerjax.models.small_cnn import SmallCNN
 
-__all__ = ["ComposerModel", "ComposerClassifier", "MetricSums", "SmallCNN"]
+__all__ = [
+    "BasicBlock",
+    "CausalSelfAttention",
+    "ComposerClassifier",
+    "ComposerModel",
+    "DecoderBlock",
+    "FeedForward",
+    "MetricSums",
+    "SmallCNN",
+    "SmallResNet",
+    "TinyGPT",
+]

@@ -135,7 +135,8 @@ class Trainer:
         if not isinstance(optimizer, optax.GradientTransformation):
             raise TypeError(f"optimizers is a {type(optimizer).__name__}; expected an optax GradientTransformation")
 
-        self.functions = model_functions(model, loss_fn)
+        self.loss_fn = loss_fn
+        self.functions = model_functions(model, loss_fn)  # validated now, rebuilt after INIT
         self.mesh = build_mesh(devices)
         train_loader = as_batch_iterable(train_dataloader) if train_dataloader is not None else None
         self.state = State(
@@ -177,6 +178,8 @@ class Trainer:
     def _build_device_state(self) -> None:
         state = self.state
         model = state._model
+        # INIT may have replaced the model (NoOpModel, wrappers): call whatever model is there now.
+        self.functions = model_functions(model, self.loss_fn)
         model.eval()
         eval_graphdef = nnx.split(model, nnx.Param, ...)[0]
         model.train()

@@ -1,0 +1,103 @@
+"""A small GPT-style decoder for byte-level language modelling."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+__all__ = ["CausalSelfAttention", "FeedForward", "DecoderBlock", "TinyGPT"]
+
+
+class CausalSelfAttention(nnx.Module):
+    """Multi-head causal self-attention; ``attention_bias`` is the hook position schemes override."""
+
+    def __init__(self, dim: int, num_heads: int, *, rngs: nnx.Rngs) -> None:
+        if dim % num_heads:
+            raise ValueError(f"dim={dim} is not divisible by num_heads={num_heads}")
+        self.dim, self.num_heads = dim, num_heads
+        self.qkv = nnx.Linear(dim, 3 * dim, rngs=rngs)
+        self.proj = nnx.Linear(dim, dim, rngs=rngs)
+
+    def attention_bias(self, length: int) -> jax.Array:
+        """An additive ``(heads, T, T)`` bias on the attention logits (none by default)."""
+        return jnp.zeros((1, length, length), jnp.float32)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        batch, length, _ = x.shape
+        head_dim = self.dim // self.num_heads
+        q, k, v = jnp.split(self.qkv(x), 3, axis=-1)
+        q, k, v = (t.reshape(batch, length, self.num_heads, head_dim).transpose(0, 2, 1, 3) for t in (q, k, v))
+        logits = (q @ k.transpose(0, 1, 3, 2)) / jnp.sqrt(head_dim).astype(q.dtype)
+        logits = logits.astype(jnp.float32) + self.attention_bias(length)
+        causal = jnp.tril(jnp.ones((length, length), bool))
+        weights = jax.nn.softmax(jnp.where(causal, logits, -1e30), axis=-1).astype(v.dtype)
+        out = (weights @ v).transpose(0, 2, 1, 3).reshape(batch, length, self.dim)
+        return self.proj(out)
+
+
+class FeedForward(nnx.Module):
+    """The block's MLP: dim -> hidden -> dim with GELU."""
+
+    def __init__(self, dim: int, hidden: int, *, rngs: nnx.Rngs) -> None:
+        self.up = nnx.Linear(dim, hidden, rngs=rngs)
+        self.down = nnx.Linear(hidden, dim, rngs=rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.down(nnx.gelu(self.up(x)))
+
+
+class DecoderBlock(nnx.Module):
+    """Pre-norm transformer block: x + attn(ln(x)), then x + mlp(ln(x))."""
+
+    def __init__(self, dim: int, num_heads: int, *, rngs: nnx.Rngs) -> None:
+        self.norm1 = nnx.LayerNorm(dim, rngs=rngs)
+        self.attention = CausalSelfAttention(dim, num_heads, rngs=rngs)
+        self.norm2 = nnx.LayerNorm(dim, rngs=rngs)
+        self.mlp = FeedForward(dim, 4 * dim, rngs=rngs)
+
+    def residual(self, x: jax.Array) -> jax.Array:
+        """Both residual branches' contribution (what stochastic depth drops)."""
+        h = self.attention(self.norm1(x))
+        return h + self.mlp(self.norm2(x + h))
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return x + self.residual(x)
+
+
+class PositionEmbedding(nnx.Module):
+    """Learned absolute positions, added to the token embeddings (ALiBi replaces it)."""
+
+    def __init__(self, max_length: int, dim: int, *, rngs: nnx.Rngs) -> None:
+        self.embedding = nnx.Embed(max_length, dim, rngs=rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return x + self.embedding(jnp.arange(x.shape[1]))[None]
+
+
+class TinyGPT(nnx.Module):
+    """Token + position embeddings, ``depth`` decoder blocks, final norm and a vocabulary head.
+
+    Takes ``(N, T)`` int tokens and returns ``(N, T, vocab_size)`` logits.
+
+    Example:
+        >>> TinyGPT(vocab_size=256, rngs=nnx.Rngs(0))(jnp.zeros((2, 16), jnp.int32)).shape
+        (2, 16, 256)
+    """
+
+    def __init__(self, vocab_size: int = 256, dim: int = 64, depth: int = 2, num_heads: int = 4,
+                 max_length: int = 256, *, rngs: nnx.Rngs) -> None:
+        self.max_length = max_length
+        self.tokens = nnx.Embed(vocab_size, dim, rngs=rngs)
+        self.position = PositionEmbedding(max_length, dim, rngs=rngs)
+        self.blocks = nnx.List([DecoderBlock(dim, num_heads, rngs=rngs) for _ in range(depth)])
+        self.norm = nnx.LayerNorm(dim, rngs=rngs)
+        self.head = nnx.Linear(dim, vocab_size, rngs=rngs)
+
+    def __call__(self, tokens: jax.Array) -> jax.Array:
+        if tokens.shape[1] > self.max_length:
+            raise ValueError(f"sequence length {tokens.shape[1]} exceeds max_length={self.max_length}")
+        x = self.position(self.tokens(tokens))
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.norm(x))
