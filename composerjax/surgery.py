@@ -121,10 +121,14 @@ def _set_child(parent: Any, key: Any, value: nnx.Module) -> None:
 
 
 def _call_factory(factory: ModuleFactory, module: nnx.Module, index: int) -> nnx.Module:
+    # A class (NNX's metaclass hides its signature) is inspected through __init__, less self.
+    target = factory.__init__ if isinstance(factory, type) else factory
     try:
-        parameters = inspect.signature(factory).parameters.values()
+        parameters = list(inspect.signature(target).parameters.values())
     except (TypeError, ValueError):  # builtins without a signature: pass the module only
         return factory(module)
+    if isinstance(factory, type):
+        parameters = parameters[1:]
     positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     takes_index = len(positional) >= 2 or any(p.kind == p.VAR_POSITIONAL for p in parameters)
     return factory(module, index) if takes_index else factory(module)
