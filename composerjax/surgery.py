@@ -30,6 +30,8 @@ def replace_modules(
 ) -> int:
     """Replace every submodule whose class is a key of ``policies`` with ``factory(old)``; return the count.
 
+    A factory may return the old module unchanged to skip it; skipped modules are not counted.
+
     The model is changed in place; its parameters become whatever the factories build (a factory
     usually copies the old weights). Run it at ``Event.INIT``: the trainer splits the model and
     places its parameters on the mesh after INIT, so replaced modules are sharded like the rest.
@@ -70,6 +72,9 @@ def replace_modules(
             index = counts.get(old_class, 0)
             counts[old_class] = index + 1
             new = _call_factory(factory, child, index)
+            if new is child:  # the factory chose to keep this one
+                visited.add(id(child))
+                continue
             if not isinstance(new, nnx.Module):
                 raise TypeError(f"replace_modules: the factory for {old_class.__name__} returned a "
                                 f"{type(new).__name__}; expected an nnx.Module")

@@ -1,6 +1,7 @@
-"""Train the small CNN on scikit-learn's bundled digits images (offline) and report test accuracy.
+"""Train the small CNN on scikit-learn's bundled digits images (offline): a baseline and a speedup recipe.
 
-Run with ``make demo``. Logs go to ``runs/digits/metrics.jsonl``.
+Run with ``make demo``. Both runs print a progress bar; the table at the end compares test accuracy
+and wall time (compiles included). Logs go to ``runs/digits-*/metrics.jsonl``.
 """
 
 from __future__ import annotations
@@ -11,39 +12,53 @@ import optax
 from flax import nnx
 
 from composerjax import ArrayLoader, ComposerClassifier, Trainer
+from composerjax.algorithms import EMA, GradientClipping, LabelSmoothing
 from composerjax.data.digits import load_digits_split
 from composerjax.loggers import FileLogger, ProgressBarLogger
 from composerjax.models import SmallCNN
 
 SEED = 0
-LOG_PATH = "runs/digits/metrics.jsonl"
 
 
-def main() -> None:
+def train(name: str, duration: str, algorithms: list) -> dict:
+    """Train one run and return its test metrics, wall time and compile count."""
     (x_train, y_train), (x_test, y_test) = load_digits_split(seed=SEED)
-    model = ComposerClassifier(SmallCNN(num_classes=10, rngs=nnx.Rngs(SEED)), num_classes=10)
+    log_path = f"runs/digits-{name}/metrics.jsonl"
     trainer = Trainer(
-        model,
+        ComposerClassifier(SmallCNN(num_classes=10, rngs=nnx.Rngs(SEED)), num_classes=10),
         ArrayLoader((x_train, y_train), batch_size=32, seed=SEED),
-        max_duration="6ep",
+        max_duration=duration,
         optimizers=optax.adam(3e-3),
+        algorithms=algorithms,
         eval_dataloader=ArrayLoader((x_test, y_test), batch_size=99, shuffle=False),
-        loggers=[FileLogger(LOG_PATH)],
+        loggers=[FileLogger(log_path)],
         progress_bar=False,
         seed=SEED,
-        run_name="digits",
+        run_name=f"digits-{name}",
     )
     # The demo always shows the bar, even when make's output is not a terminal.
     trainer.logger.destinations.append(ProgressBarLogger(force=True))
+    print(f"\n== {name}: {duration}, algorithms: {', '.join(type(a).__name__ for a in algorithms) or 'none'}")
     start = time.perf_counter()
     trainer.fit()
     seconds = time.perf_counter() - start
     results = trainer.eval()
     trainer.close()
-    print(f"\ndigits: {len(x_train)} train / {len(x_test)} test images, {trainer.state.timestamp.epoch} epochs, "
-          f"{trainer.state.timestamp.batch} batches in {seconds:.1f}s ({trainer.compile_count} compiles)")
-    print(f"test accuracy: {results['accuracy']:.4f}   test cross-entropy: {results['cross_entropy']:.4f}")
-    print(f"logs: {LOG_PATH}")
+    return {"name": name, "duration": duration, "seconds": seconds, "compiles": trainer.compile_count,
+            "batches": trainer.state.timestamp.batch, "log": log_path, **results}
+
+
+def main() -> None:
+    runs = [
+        train("baseline", "6ep", []),
+        train("recipe", "4ep", [LabelSmoothing(0.1), EMA(half_life="30ba"), GradientClipping("norm", 1.0)]),
+    ]
+    print("\ndigits: 1500 train / 297 test 8x8 images, SmallCNN, adam 3e-3, batch 32\n")
+    print(f"{'run':10s} {'duration':>8s} {'batches':>8s} {'test acc':>9s} {'test CE':>8s} {'wall s':>7s} "
+          f"{'compiles':>8s}  logs")
+    for run in runs:
+        print(f"{run['name']:10s} {run['duration']:>8s} {run['batches']:8d} {run['accuracy']:9.4f} "
+              f"{run['cross_entropy']:8.4f} {run['seconds']:7.2f} {run['compiles']:8d}  {run['log']}")
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from composerjax.core.algorithm import Algorithm
@@ -114,7 +115,7 @@ class State:
         current = self.train_state["params"]
         if jax.tree.structure(value) != jax.tree.structure(current):
             raise ValueError("state.params: the new parameters do not have the structure of the current ones")
-        self.train_state = {**self.train_state, "params": _place_like(value, current)}
+        self.train_state = {**self.train_state, "params": _place_like(value, current, copy=True)}
         self._model_stale = True
 
     @property
@@ -127,8 +128,8 @@ class State:
     @algorithm_state.setter
     def algorithm_state(self, value: dict[str, Any]) -> None:
         if self.train_state is not None:
-            self.train_state = {**self.train_state, "algorithm_state": _place_like(value,
-                                                                                   self.train_state["algorithm_state"])}
+            placed = _place_like(value, self.train_state["algorithm_state"], copy=True)
+            self.train_state = {**self.train_state, "algorithm_state": placed}
         else:
             self._algorithm_state = value
 
@@ -157,9 +158,13 @@ class State:
     @property
     def progress(self) -> float:
         """The fraction of ``max_duration`` elapsed (a traced scalar inside the step)."""
-        if self.max_duration is None:
+        duration = self.max_duration
+        if duration is None:
             return 0.0
-        return self.timestamp.get_progress(self.max_duration)
+        if duration.unit == TimeUnit.EPOCH and self.dataloader_len:
+            # Per batch, matching the traced progress (steps / steps in max_duration).
+            return self.timestamp.batch / (duration.value * self.dataloader_len)
+        return self.timestamp.get_progress(duration)
 
     def stop_training(self) -> None:
         """End training after the current batch: ``max_duration`` becomes the time elapsed so far.
@@ -267,8 +272,18 @@ class State:
                                  f"{np.shape(b)}, expected {np.shape(a)}")
 
 
-def _place_like(values: Any, like: Any) -> Any:
-    """Put host or device ``values`` on the devices and shardings of ``like``."""
-    return jax.tree.map(
-        lambda v, ref: jax.device_put(v, ref.sharding) if isinstance(ref, jax.Array) else v, values, like
-    )
+def _place_like(values: Any, like: Any, copy: bool = False) -> Any:
+    """Put host or device ``values`` on the devices and shardings of ``like``.
+
+    With ``copy`` every leaf gets its own buffer: the step donates the train state, and two
+    entries sharing one buffer (params set from an algorithm's own state) cannot both be donated.
+    """
+
+    def place(value: Any, reference: Any) -> Any:
+        if not isinstance(reference, jax.Array):
+            return value
+        if copy and isinstance(value, jax.Array):
+            value = jnp.array(value, copy=True)
+        return jax.device_put(value, reference.sharding)
+
+    return jax.tree.map(place, values, like)

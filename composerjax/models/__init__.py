@@ -1,7 +1,7 @@
 """Models: the ComposerModel protocol and small reference models for examples and benchmarks."""
 
 from composerjax.models.composer_model import ComposerClassifier, ComposerModel, MetricSums
-from composerjax.models.gpt import CausalSelfAttention, DecoderBlock, FeedForward, TinyGPT
+from composerjax.models.gpt import CausalSelfAttention, DecoderBlock, FeedForward, PositionEmbedding, TinyGPT
 from composerjax.models.resnet import BasicBlock, SmallResNet
 from composerjax.models.small_cnn import SmallCNN
 
@@ -13,6 +13,7 @@ __all__ = [
     "DecoderBlock",
     "FeedForward",
     "MetricSums",
+    "PositionEmbedding",
     "SmallCNN",
     "SmallResNet",
     "TinyGPT",

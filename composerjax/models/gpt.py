@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-__all__ = ["CausalSelfAttention", "FeedForward", "DecoderBlock", "TinyGPT"]
+__all__ = ["CausalSelfAttention", "FeedForward", "DecoderBlock", "PositionEmbedding", "TinyGPT"]
 
 
 class CausalSelfAttention(nnx.Module):

@@ -224,6 +224,7 @@ class StepBuilder:
             view.loss_and_grad = lambda p, b: plain_loss_and_grad(p, rest, b, step_rng, step)
             run(plan, Event.BEFORE_TRAIN_BATCH, view)
             params, rest = self._split(view.model)
+            view.params = params
 
             if self.microbatch_size is None:
                 grads, rest = backward(view, params, rest)
@@ -261,17 +262,24 @@ class StepBuilder:
         count = size // micro
         stacked = jax.tree.map(lambda x: x.reshape((count, micro, *x.shape[1:])), full_batch)
 
-        def body(carry: Any, microbatch: Any) -> tuple[Any, Any]:
+        step_rng = view.step_rng
+
+        def body(carry: Any, indexed: Any) -> tuple[Any, Any]:
             grad_sum, rest, algorithm_state = carry
+            index, microbatch = indexed
             view.batch, view.algorithm_state = microbatch, algorithm_state
+            # A distinct key per microbatch, so random augmentations differ between them.
+            view.step_rng = jax.random.fold_in(step_rng, index)
             grads, rest = backward(view, params, rest)
             grad_sum = jax.tree.map(jnp.add, grad_sum, grads)
             return (grad_sum, rest, dict(view.algorithm_state)), (view.loss, view.outputs, view.step_metrics)
 
         zeros = jax.tree.map(jnp.zeros_like, params)
         init = (zeros, rest, dict(view.algorithm_state))
-        (grad_sum, rest, algorithm_state), (losses, outputs, metrics) = jax.lax.scan(body, init, stacked)
-        view.batch = full_batch
+        (grad_sum, rest, algorithm_state), (losses, outputs, metrics) = jax.lax.scan(
+            body, init, (jnp.arange(count), stacked)
+        )
+        view.batch, view.step_rng = full_batch, step_rng
         view.algorithm_state = algorithm_state
         view.loss = jnp.mean(losses)
         view.outputs = jax.tree.map(lambda x: x.reshape((size, *x.shape[2:])), outputs)

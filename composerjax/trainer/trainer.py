@@ -184,7 +184,6 @@ class Trainer:
         eval_graphdef = nnx.split(model, nnx.Param, ...)[0]
         model.train()
         train_graphdef, params, rest = split_model(model)
-        state.model_changed = False
         names = _unique_names(state.algorithms)
         algorithm_state = {}
         for name, algorithm in zip(names, state.algorithms):
@@ -193,6 +192,7 @@ class Trainer:
             if initial is not None:
                 algorithm_state[name] = initial
         state.algorithm_state = algorithm_state
+        state.model_changed = False  # init_state may read state.model; nothing changed it since the split
         state.rng, step_key = jax.random.split(state.rng)
         step_key_data = np.asarray(jax.random.key_data(step_key))
         rest_codec = KeyCodec(rest)

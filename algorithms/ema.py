@@ -1,0 +1,231 @@
+"""Exponential moving average (EMA) of the weights, kept on the device and swapped in for evaluation.
+
+The functional form is :func:`compute_ema` (``optax.incremental_update``). :class:`EMA` keeps the
+averaged weights in its device state, updates them inside the compiled step at
+``AFTER_TRAIN_BATCH`` (batch intervals) or on the host at ``EPOCH_END`` (epoch intervals), and
+swaps them in for evaluation. As in Composer, the trained weights stay in the model after ``fit``;
+read the averaged ones with :meth:`EMA.ema_params`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from composerjax import Algorithm, Event, Logger, State, Time, Timestamp, TimeUnit
+
+__all__ = ["EMA", "compute_ema", "ema_decay"]
+
+
+def compute_ema(params: Any, ema_params: Any, decay: float | jax.Array) -> Any:
+    """Return ``decay * ema_params + (1 - decay) * params``, leaf by leaf (pure, jit-able).
+
+    Args:
+        params: the latest weights.
+        ema_params: the running average (same structure).
+        decay: how much of the old average is kept, in ``[0, 1]`` (Composer's ``smoothing``).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> compute_ema({'w': jnp.array([1.0])}, {'w': jnp.array([0.0])}, decay=0.75)['w']
+        Array([0.25], dtype=float32)
+    """
+    return optax.incremental_update(params, ema_params, 1.0 - decay)
+
+
+def ema_decay(half_life: Time | str, update_interval: Time | str) -> float:
+    """Return the decay per update for a half life: ``0.5 ** (update_interval / half_life)``.
+
+    A half life of 0 gives 0 (no averaging: the average is the latest weights).
+
+    Example:
+        >>> ema_decay('10ba', '10ba')
+        0.5
+    """
+    half_life, update_interval = Time.from_input(half_life), Time.from_input(update_interval)
+    if half_life.unit != update_interval.unit:
+        raise ValueError(f"half_life={half_life} and update_interval={update_interval} must use the same unit")
+    if half_life.value == 0:
+        return 0.0
+    return 0.5 ** (update_interval.value / half_life.value)
+
+
+def _update(own: dict[str, Any], params: Any, decay: float | jax.Array) -> dict[str, Any]:
+    """One EMA update of the device state; the first update after the start copies the weights."""
+    decay = jnp.where(own["started"], decay, 0.0)
+    return {"params": compute_ema(params, own["params"], decay), "started": jnp.asarray(True)}
+
+
+_update_on_device = jax.jit(_update)
+
+
+class EMA(Algorithm):
+    """Keep an exponential moving average of the weights and evaluate with it.
+
+    ``ema = smoothing * ema + (1 - smoothing) * weights`` every ``update_interval`` once training
+    has reached ``ema_start``; the first update copies the weights (the average starts there).
+    ``smoothing`` comes from ``half_life``: ``0.5 ** (update_interval / half_life)``.
+
+    Events: the average lives in the device state ``state.algorithm_state['EMA']``
+    (``{'params': ..., 'started': ...}``, initialised with a copy of the initial weights).
+    Batch intervals update it inside the compiled step at ``AFTER_TRAIN_BATCH`` (traced; the update
+    batches are chosen on the host in ``match``, so at most two compiled steps); epoch intervals
+    update it on the host at ``EPOCH_END``. At ``EVAL_START`` (host) the averaged weights replace
+    ``state.params`` and at ``EVAL_END`` the trained ones come back, bit for bit (evaluation before
+    the average has started uses the trained weights). After ``fit`` the model keeps the trained
+    weights, as in Composer: get the average with :meth:`ema_params`.
+
+    Args:
+        half_life: the time (``'ba'`` or ``'ep'``, a whole number) after which an old weight's
+            share of the average has halved. ``'0ba'`` means no averaging. Default: ``'1000ba'``.
+        smoothing: the decay per update, in ``(0, 1)``, instead of ``half_life`` (pass
+            ``half_life=None`` with it). Default: ``None``.
+        ema_start: how much training comes before the average starts (``'dur'``, ``'ba'`` or
+            ``'ep'``). Default: ``'0.0dur'``.
+        update_interval: how often the average is updated (``'ba'`` or ``'ep'``, in the unit of
+            ``half_life``). Default: one unit of ``half_life`` (``'1ba'`` with ``smoothing``).
+
+    Example::
+
+        from composerjax import Trainer
+        from composerjax.algorithms.ema import EMA
+
+        ema = EMA(half_life='100ba')
+        trainer = Trainer(model, train_loader, '10ep', optax.adam(1e-3), eval_dataloader=val_loader,
+                          algorithms=[ema])
+        trainer.fit()                                   # evaluations use the averaged weights
+        averaged = ema.ema_params(trainer.state)        # nested dict, like state.params
+    """
+
+    def __init__(
+        self,
+        half_life: str | Time | None = "1000ba",
+        smoothing: float | None = None,
+        ema_start: str | Time = "0.0dur",
+        update_interval: str | Time | None = None,
+    ) -> None:
+        if half_life is None and smoothing is None:
+            raise ValueError("EMA: half_life=None and smoothing=None: set one of them (e.g. half_life='1000ba')")
+        if half_life is not None and smoothing is not None:
+            raise ValueError(f"EMA: half_life={half_life!r} and smoothing={smoothing!r} are both set: use one "
+                             "(pass half_life=None to use smoothing)")
+        self.half_life = None if half_life is None else _parse_time(half_life, "half_life", (TimeUnit.BATCH,
+                                                                                              TimeUnit.EPOCH))
+        if smoothing is not None and (isinstance(smoothing, bool) or not isinstance(smoothing, (int, float))
+                                      or not 0.0 < smoothing < 1.0):
+            raise ValueError(f"smoothing={smoothing!r}: expected a number in the open interval (0, 1)")
+        self.ema_start = _parse_time(ema_start, "ema_start", (TimeUnit.DURATION, TimeUnit.BATCH, TimeUnit.EPOCH))
+        if update_interval is None:
+            unit = self.half_life.unit if self.half_life is not None else TimeUnit.BATCH
+            self.update_interval = Time(1, unit)
+        else:
+            self.update_interval = _parse_time(update_interval, "update_interval", (TimeUnit.BATCH, TimeUnit.EPOCH))
+            if self.update_interval.value < 1:
+                raise ValueError(f"update_interval={update_interval!r}: expected at least 1 batch or epoch")
+        if self.half_life is not None and self.half_life.unit != self.update_interval.unit:
+            raise ValueError(f"update_interval={self.update_interval} must use the unit of half_life="
+                             f"{self.half_life} ('{self.half_life.unit.value}')")
+        self.smoothing = float(smoothing) if smoothing is not None else ema_decay(self.half_life, self.update_interval)
+        self._started = False
+        self._training_params: Any = None
+
+    # -- device state ----------------------------------------------------------------------------
+    def init_state(self, state: State) -> dict[str, Any]:
+        """A copy of the initial weights (the structure of ``state.params``) and a not-started flag."""
+        changed = state.model_changed
+        params = nnx.to_pure_dict(nnx.split(state.model, nnx.Param, ...)[1])
+        state.model_changed = changed  # reading the model here changes nothing the trainer must re-split
+        return {"params": jax.tree.map(jnp.array, params), "started": jnp.asarray(False)}
+
+    def ema_params(self, state: State) -> Any:
+        """The averaged weights: a nested dict like ``state.params`` (device arrays).
+
+        Example: ``nnx.update(model, nnx.State(ema.ema_params(trainer.state)))`` loads them into
+        a module.
+        """
+        return state.algorithm_state[self.name]["params"]
+
+    # -- events ----------------------------------------------------------------------------------
+    def match(self, event: Event, state: State) -> bool:
+        """Update at ``AFTER_TRAIN_BATCH`` / ``EPOCH_END`` on update times; swap around evaluation."""
+        if event == Event.AFTER_TRAIN_BATCH:
+            return self.update_interval.unit == TimeUnit.BATCH and self._updates_at(_after_this_batch(state), state)
+        if event == Event.BATCH_END:
+            return (not self._started and self.update_interval.unit == TimeUnit.BATCH
+                    and self._updates_at(state.timestamp, state))
+        if event == Event.EPOCH_END:
+            return self.update_interval.unit == TimeUnit.EPOCH and self._updates_at(state.timestamp, state)
+        if event == Event.EVAL_START:
+            return self._started and self._training_params is None
+        if event in (Event.EVAL_END, Event.BATCH_START):
+            return self._training_params is not None
+        return False
+
+    def apply(self, event: Event, state: State, logger: Logger) -> None:
+        """Update the average, or swap the averaged weights in and out around evaluation."""
+        if event == Event.AFTER_TRAIN_BATCH:  # traced
+            state.algorithm_state[self.name] = _update(state.algorithm_state[self.name], state.params, self.smoothing)
+        elif event == Event.BATCH_END:
+            self._started = True  # the step that just ran made the first update
+        elif event == Event.EPOCH_END:
+            own = _update_on_device(state.algorithm_state[self.name], state.params, self.smoothing)
+            state.algorithm_state = {**state.algorithm_state, self.name: own}
+            self._started = True
+        elif event == Event.EVAL_START:
+            self._training_params = state.params
+            state.params = self.ema_params(state)
+        else:  # EVAL_END, or BATCH_START after an evaluation that did not finish
+            state.params = self._training_params
+            self._training_params = None
+
+    def _updates_at(self, timestamp: Timestamp, state: State) -> bool:
+        """Whether the average is updated at ``timestamp`` (the clock right after a batch or an epoch)."""
+        interval = self.update_interval
+        return timestamp.get(interval.unit).value % interval.value == 0 and _reached(self.ema_start, timestamp, state)
+
+    # -- checkpoints -----------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Whether the average has started (the average itself is device state, checkpointed with it)."""
+        return {"started": self._started}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what ``state_dict`` returned."""
+        self._started = bool(state["started"])
+
+    def __repr__(self) -> str:
+        return (f"EMA(half_life={self.half_life}, smoothing={self.smoothing}, ema_start={self.ema_start}, "
+                f"update_interval={self.update_interval})")
+
+
+def _parse_time(value: Any, field: str, units: tuple[TimeUnit, ...]) -> Time:
+    accepted = ", ".join(f"'{unit.value}'" for unit in units)
+    try:
+        time = Time.from_input(value)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"{field}={value!r}: expected a time string in {accepted} (e.g. '100ba'): {error}") from None
+    if time.unit not in units:
+        raise ValueError(f"{field}={value!r}: expected a time in {accepted}, got '{time.unit.value}'")
+    if time.value < 0 or (time.unit == TimeUnit.DURATION and time.value > 1):
+        raise ValueError(f"{field}={value!r}: expected a non-negative time (at most 1 in 'dur')")
+    return time
+
+
+def _after_this_batch(state: State) -> Timestamp:
+    """The clock as it will read once the batch about to run is done (``match`` runs before the step)."""
+    batch = state.batch
+    leaves = jax.tree.leaves(batch)
+    samples = int(leaves[0].shape[0]) * jax.process_count() if leaves and hasattr(leaves[0], "shape") else 0
+    return state.timestamp.to_next_batch(samples=samples)
+
+
+def _reached(start: Time, timestamp: Timestamp, state: State) -> bool:
+    """Whether ``timestamp`` is at or past ``start`` (fractions of ``max_duration`` for ``'dur'``)."""
+    if start.value == 0:
+        return True
+    if start.unit == TimeUnit.DURATION:
+        return state.max_duration is not None and timestamp.get_progress(state.max_duration) >= start.value
+    return timestamp.get(start.unit).value >= start.value

@@ -1,0 +1,230 @@
+"""MixUp: train on convex combinations of pairs of examples and of their targets.
+
+The functional forms are :func:`mixup_sample` (draw the mixing coefficient and the pairing),
+:func:`mixup_batch` (mix the inputs) and :func:`mixup_targets` (mix the targets); :class:`MixUp`
+applies them inside the compiled train step with the step's random key.
+"""
+
+from __future__ import annotations
+
+import functools
+import zlib
+
+import jax
+import jax.numpy as jnp
+
+from composerjax import Algorithm, Event, Logger, State
+
+__all__ = ["MixUp", "mixup_batch", "mixup_sample", "mixup_targets"]
+
+
+@functools.partial(jax.jit, static_argnames=("batch_size", "alpha"))
+def mixup_sample(rng: jax.Array, batch_size: int, alpha: float = 0.2) -> tuple[jax.Array, jax.Array]:
+    """Draw ``(mixing, indices)``: the weight of the original examples and the partner of each one.
+
+    ``mixing = max(z, 1 - z)`` with ``z ~ Beta(alpha, alpha)``, so the original example always has
+    the larger weight (``alpha = 0`` gives ``mixing = 1``: no mixing); ``indices`` is a random
+    permutation of ``range(batch_size)``. Traceable: ``batch_size`` and ``alpha`` are static.
+
+    Args:
+        rng: a JAX random key.
+        batch_size: the number of examples in the batch.
+        alpha: the Beta distribution's concentration, ``>= 0``.
+
+    Returns:
+        ``mixing`` (float32 scalar in ``[0.5, 1]``) and ``indices`` (int32, ``(batch_size,)``).
+
+    Example:
+        >>> mixing, indices = mixup_sample(jax.random.key(0), batch_size=4, alpha=0.2)
+        >>> bool(0.5 <= mixing <= 1.0), sorted(indices.tolist())
+        (True, [0, 1, 2, 3])
+    """
+    beta_key, permutation_key = jax.random.split(rng)
+    if alpha == 0:
+        mixing = jnp.ones((), jnp.float32)
+    else:
+        z = jax.random.beta(beta_key, alpha, alpha, dtype=jnp.float32)
+        mixing = jnp.maximum(z, 1.0 - z)
+    indices = jax.random.permutation(permutation_key, batch_size).astype(jnp.int32)
+    return mixing, indices
+
+
+def mixup_batch(
+    input: jax.Array, target: jax.Array, mixing: jax.Array | float, indices: jax.Array
+) -> tuple[jax.Array, jax.Array]:
+    """Return ``(mixing * input + (1 - mixing) * input[indices], target[indices])``.
+
+    The mixed input keeps ``input``'s dtype; the permuted targets are what the mixed-in examples
+    were labelled, for interpolating targets (:func:`mixup_targets`) or losses.
+
+    Args:
+        input: a batch of inputs, examples on the first axis.
+        target: the batch's targets, examples on the first axis.
+        mixing: the weight of the original examples.
+        indices: the partner of each example (a permutation of the batch).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> mixed, permuted = mixup_batch(jnp.array([[0.0], [4.0]]), jnp.array([0, 1]), 0.75, jnp.array([1, 0]))
+        >>> mixed.tolist(), permuted.tolist()
+        ([[1.0], [3.0]], [1, 0])
+    """
+    mixed = mixing * input + (1.0 - mixing) * input[indices]
+    return mixed.astype(input.dtype), target[indices]
+
+
+def mixup_targets(
+    target: jax.Array, mixing: jax.Array | float, indices: jax.Array, num_classes: int | None = None
+) -> jax.Array:
+    """Return ``mixing * y + (1 - mixing) * y[indices]`` with ``y`` the dense (float32) targets.
+
+    Integer labels are one-hot encoded to ``num_classes`` first; floating targets (one-hot or soft)
+    are used as they are.
+
+    Raises:
+        ValueError: integer labels without ``num_classes``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> mixup_targets(jnp.array([0, 1]), 0.75, jnp.array([1, 0]), num_classes=2).tolist()
+        [[0.75, 0.25], [0.25, 0.75]]
+    """
+    if jnp.issubdtype(target.dtype, jnp.floating):
+        dense = target.astype(jnp.float32)
+    else:
+        if num_classes is None:
+            raise ValueError("mixup_targets: integer labels need num_classes to be one-hot encoded")
+        dense = jax.nn.one_hot(target, num_classes, dtype=jnp.float32)
+    return mixing * dense + (1.0 - mixing) * dense[indices]
+
+
+class MixUp(Algorithm):
+    """Train on convex combinations of each example with a randomly paired one from the same batch.
+
+    Runs inside the compiled step. At ``BEFORE_FORWARD`` it draws ``(mixing, indices)`` with
+    :func:`mixup_sample` from the step's key (``state.step_rng``: new every step, reproducible from
+    the trainer's seed) and replaces the inputs with ``mixing * x + (1 - mixing) * x[indices]``.
+    Then either
+
+    * ``interpolate_loss=False``: at ``BEFORE_LOSS`` the targets become
+      ``mixing * y + (1 - mixing) * y[indices]`` (integer labels are one-hot encoded over the
+      logits' last dimension, or ``num_classes``), or
+    * ``interpolate_loss=True``: at ``BEFORE_BACKWARD`` the loss becomes
+      ``mixing * loss(y) + (1 - mixing) * loss(y[indices])`` with the model's own ``loss`` (a
+      ComposerModel's), leaving the targets as they are. Exact for losses linear in the targets,
+      such as cross-entropy.
+
+    The same ``mixing`` is used for the whole batch. With ``device_train_microbatch_size`` it runs
+    per microbatch (each has its own ``state.step_rng``): partners come from the same microbatch.
+
+    Args:
+        alpha: concentration of the symmetric Beta distribution ``mixing`` is drawn from, ``>= 0``.
+            Small values mix little; ``alpha = 1`` draws ``mixing`` uniformly; ``0`` disables
+            mixing. Default: ``0.2``.
+        interpolate_loss: interpolate the loss instead of the targets. Default: ``False``.
+        input_key: where the inputs are in the batch (tuple/list index or dict key). Default: ``0``.
+        target_key: where the targets are in the batch. Default: ``1``.
+        num_classes: the number of classes, for one-hot encoding integer labels. ``None`` takes it
+            from the model's logits (``state.outputs.shape[-1]``); set it when the model has no
+            separate outputs (a plain module trained with ``loss_fn`` that accepts soft targets).
+            Default: ``None``.
+
+    Example::
+
+        from composerjax import Trainer
+        from composerjax.algorithms.mixup import MixUp
+
+        trainer = Trainer(ComposerClassifier(net, num_classes=10), train_loader, '10ep', optax.sgd(0.1),
+                          algorithms=[MixUp(alpha=0.2)])
+        trainer.fit()
+    """
+
+    def __init__(
+        self,
+        alpha: float = 0.2,
+        interpolate_loss: bool = False,
+        input_key: int | str = 0,
+        target_key: int | str = 1,
+        num_classes: int | None = None,
+    ) -> None:
+        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not alpha >= 0:
+            raise ValueError(f"alpha={alpha!r}: expected a number >= 0 (the Beta distribution's concentration)")
+        if not isinstance(interpolate_loss, bool):
+            raise ValueError(f"interpolate_loss={interpolate_loss!r}: expected True or False")
+        for name, key in (("input_key", input_key), ("target_key", target_key)):
+            if isinstance(key, bool) or not isinstance(key, (int, str)):
+                raise ValueError(f"{name}={key!r}: expected an int index or a str key into the batch")
+        if num_classes is not None and (
+            isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2
+        ):
+            raise ValueError(f"num_classes={num_classes!r}: expected None or an integer >= 2")
+        self.alpha = float(alpha)
+        self.interpolate_loss = interpolate_loss
+        self.interpolates_loss = interpolate_loss  # read by the engine's loss-interpolation warning
+        self.input_key, self.target_key = input_key, target_key
+        self.num_classes = num_classes
+
+    def sample_key(self, step_rng: jax.Array) -> jax.Array:
+        """The key this algorithm draws from in a step: ``step_rng`` folded with a hash of its name."""
+        return jax.random.fold_in(step_rng, zlib.crc32(self.name.encode()))
+
+    @property
+    def _stash(self) -> str:
+        # (mixing, indices) live on the step's traced view from BEFORE_FORWARD to the loss events;
+        # the view is dropped when the trace ends, so no tracer outlives it.
+        return f"_{self.name}_mixing_and_indices"
+
+    def match(self, event: Event, state: State) -> bool:
+        """Run at ``BEFORE_FORWARD``, then ``BEFORE_LOSS`` (targets) or ``BEFORE_BACKWARD`` (loss)."""
+        if self.interpolate_loss:
+            return event in (Event.BEFORE_FORWARD, Event.BEFORE_BACKWARD)
+        return event in (Event.BEFORE_FORWARD, Event.BEFORE_LOSS)
+
+    def apply(self, event: Event, state: State, logger: Logger) -> None:
+        """Mix the inputs; then the targets or the loss."""
+        if event == Event.BEFORE_FORWARD:
+            inputs, targets = state.batch_get_item(self.input_key), state.batch_get_item(self.target_key)
+            mixing, indices = mixup_sample(self.sample_key(state.step_rng), inputs.shape[0], self.alpha)
+            mixed, _ = mixup_batch(inputs, targets, mixing, indices)
+            state.batch_set_item(self.input_key, mixed)
+            setattr(state, self._stash, (mixing, indices))
+            return
+        mixing, indices = getattr(state, self._stash)
+        targets = state.batch_get_item(self.target_key)
+        if event == Event.BEFORE_LOSS:
+            num_classes = _num_classes(state.outputs, self.num_classes)
+            if isinstance(state.outputs, jax.Array) and targets.ndim == state.outputs.ndim:
+                targets = targets.astype(jnp.float32)  # dense targets, whatever their dtype
+            state.batch_set_item(self.target_key, mixup_targets(targets, mixing, indices, num_classes))
+        elif event == Event.BEFORE_BACKWARD:
+            permuted_loss = _loss_with_targets(state, self.target_key, targets[indices], "MixUp")
+            state.loss = mixing * state.loss + (1.0 - mixing) * permuted_loss
+
+    def __repr__(self) -> str:
+        return (f"MixUp(alpha={self.alpha}, interpolate_loss={self.interpolate_loss}, input_key={self.input_key!r}, "
+                f"target_key={self.target_key!r}, num_classes={self.num_classes!r})")
+
+
+def _num_classes(outputs: object, num_classes: int | None) -> int | None:
+    """The number of classes: the logits' last dimension, checked against ``num_classes`` if both exist."""
+    if isinstance(outputs, jax.Array):
+        found = outputs.shape[-1]
+        if num_classes is not None and num_classes != found:
+            raise ValueError(f"num_classes={num_classes}, but the model's outputs have {found} classes "
+                             f"(shape {outputs.shape})")
+        return found
+    return num_classes
+
+
+def _loss_with_targets(state: State, target_key: int | str, targets: jax.Array, algorithm: str) -> jax.Array:
+    """The model's loss on ``state.outputs`` against the batch with its targets replaced by ``targets``."""
+    loss_fn = getattr(state.model, "loss", None)
+    if state.outputs is None or not callable(loss_fn):
+        raise TypeError(
+            f"{algorithm}(interpolate_loss=True) needs a ComposerModel (such as ComposerClassifier) whose "
+            "loss(outputs, batch) it can call again; with a plain module and loss_fn use interpolate_loss=False"
+        )
+    batch = state.batch
+    state.batch_set_item(target_key, targets)
+    permuted_batch, state.batch = state.batch, batch
+    return jnp.asarray(loss_fn(state.outputs, permuted_batch), jnp.float32)
