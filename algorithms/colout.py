@@ -9,7 +9,6 @@ step. The number kept is fixed by the image size, so one compile serves every dr
 from __future__ import annotations
 
 import functools
-import zlib
 
 import jax
 import jax.numpy as jnp
@@ -129,10 +128,6 @@ class ColOut(Algorithm):
         self.batch = batch
         self.resize_target = resize_target
         self.input_key, self.target_key = input_key, target_key
-
-    def sample_key(self, step_rng: jax.Array) -> jax.Array:
-        """The key this algorithm draws from in a step: ``step_rng`` folded with a hash of its name."""
-        return jax.random.fold_in(step_rng, zlib.crc32(self.name.encode()))
 
     def match(self, event: Event, state: State) -> bool:
         """Run at ``BEFORE_FORWARD``."""

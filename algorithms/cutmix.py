@@ -10,7 +10,6 @@ compile serves every draw.
 from __future__ import annotations
 
 import functools
-import zlib
 
 import jax
 import jax.numpy as jnp
@@ -228,10 +227,6 @@ class CutMix(Algorithm):
         self.uniform_sampling = uniform_sampling
         self.input_key, self.target_key = input_key, target_key
         self.num_classes = num_classes
-
-    def sample_key(self, step_rng: jax.Array) -> jax.Array:
-        """The key this algorithm draws from in a step: ``step_rng`` folded with a hash of its name."""
-        return jax.random.fold_in(step_rng, zlib.crc32(self.name.encode()))
 
     @property
     def _stash(self) -> str:

@@ -9,7 +9,6 @@ are masks built with comparisons, so shapes never depend on where they fall: one
 from __future__ import annotations
 
 import functools
-import zlib
 
 import jax
 import jax.numpy as jnp
@@ -148,10 +147,6 @@ class CutOut(Algorithm):
         self.length = length
         self.uniform_sampling = uniform_sampling
         self.input_key = input_key
-
-    def sample_key(self, step_rng: jax.Array) -> jax.Array:
-        """The key this algorithm draws from in a step: ``step_rng`` folded with a hash of its name."""
-        return jax.random.fold_in(step_rng, zlib.crc32(self.name.encode()))
 
     def match(self, event: Event, state: State) -> bool:
         """Run at ``BEFORE_FORWARD``."""

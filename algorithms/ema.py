@@ -17,6 +17,7 @@ import optax
 from flax import nnx
 
 from composerjax import Algorithm, Event, Logger, State, Time, Timestamp, TimeUnit
+from composerjax.algorithms.schedule_times import after_this_batch, parse_schedule_time, reached
 
 __all__ = ["EMA", "compute_ema", "ema_decay"]
 
@@ -113,17 +114,17 @@ class EMA(Algorithm):
         if half_life is not None and smoothing is not None:
             raise ValueError(f"EMA: half_life={half_life!r} and smoothing={smoothing!r} are both set: use one "
                              "(pass half_life=None to use smoothing)")
-        self.half_life = None if half_life is None else _parse_time(half_life, "half_life", (TimeUnit.BATCH,
-                                                                                              TimeUnit.EPOCH))
+        intervals = (TimeUnit.BATCH, TimeUnit.EPOCH)
+        self.half_life = None if half_life is None else parse_schedule_time(half_life, "half_life", intervals)
         if smoothing is not None and (isinstance(smoothing, bool) or not isinstance(smoothing, (int, float))
                                       or not 0.0 < smoothing < 1.0):
             raise ValueError(f"smoothing={smoothing!r}: expected a number in the open interval (0, 1)")
-        self.ema_start = _parse_time(ema_start, "ema_start", (TimeUnit.DURATION, TimeUnit.BATCH, TimeUnit.EPOCH))
+        self.ema_start = parse_schedule_time(ema_start, "ema_start", (TimeUnit.DURATION, *intervals))
         if update_interval is None:
             unit = self.half_life.unit if self.half_life is not None else TimeUnit.BATCH
             self.update_interval = Time(1, unit)
         else:
-            self.update_interval = _parse_time(update_interval, "update_interval", (TimeUnit.BATCH, TimeUnit.EPOCH))
+            self.update_interval = parse_schedule_time(update_interval, "update_interval", intervals)
             if self.update_interval.value < 1:
                 raise ValueError(f"update_interval={update_interval!r}: expected at least 1 batch or epoch")
         if self.half_life is not None and self.half_life.unit != self.update_interval.unit:
@@ -153,7 +154,7 @@ class EMA(Algorithm):
     def match(self, event: Event, state: State) -> bool:
         """Update at ``AFTER_TRAIN_BATCH`` / ``EPOCH_END`` on update times; swap around evaluation."""
         if event == Event.AFTER_TRAIN_BATCH:
-            return self.update_interval.unit == TimeUnit.BATCH and self._updates_at(_after_this_batch(state), state)
+            return self.update_interval.unit == TimeUnit.BATCH and self._updates_at(after_this_batch(state), state)
         if event == Event.BATCH_END:
             return (not self._started and self.update_interval.unit == TimeUnit.BATCH
                     and self._updates_at(state.timestamp, state))
@@ -185,7 +186,7 @@ class EMA(Algorithm):
     def _updates_at(self, timestamp: Timestamp, state: State) -> bool:
         """Whether the average is updated at ``timestamp`` (the clock right after a batch or an epoch)."""
         interval = self.update_interval
-        return timestamp.get(interval.unit).value % interval.value == 0 and _reached(self.ema_start, timestamp, state)
+        return timestamp.get(interval.unit).value % interval.value == 0 and reached(self.ema_start, timestamp, state)
 
     # -- checkpoints -----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -201,31 +202,6 @@ class EMA(Algorithm):
                 f"update_interval={self.update_interval})")
 
 
-def _parse_time(value: Any, field: str, units: tuple[TimeUnit, ...]) -> Time:
-    accepted = ", ".join(f"'{unit.value}'" for unit in units)
-    try:
-        time = Time.from_input(value)
-    except (TypeError, ValueError) as error:
-        raise ValueError(f"{field}={value!r}: expected a time string in {accepted} (e.g. '100ba'): {error}") from None
-    if time.unit not in units:
-        raise ValueError(f"{field}={value!r}: expected a time in {accepted}, got '{time.unit.value}'")
-    if time.value < 0 or (time.unit == TimeUnit.DURATION and time.value > 1):
-        raise ValueError(f"{field}={value!r}: expected a non-negative time (at most 1 in 'dur')")
-    return time
 
 
-def _after_this_batch(state: State) -> Timestamp:
-    """The clock as it will read once the batch about to run is done (``match`` runs before the step)."""
-    batch = state.batch
-    leaves = jax.tree.leaves(batch)
-    samples = int(leaves[0].shape[0]) * jax.process_count() if leaves and hasattr(leaves[0], "shape") else 0
-    return state.timestamp.to_next_batch(samples=samples)
 
-
-def _reached(start: Time, timestamp: Timestamp, state: State) -> bool:
-    """Whether ``timestamp`` is at or past ``start`` (fractions of ``max_duration`` for ``'dur'``)."""
-    if start.value == 0:
-        return True
-    if start.unit == TimeUnit.DURATION:
-        return state.max_duration is not None and timestamp.get_progress(state.max_duration) >= start.value
-    return timestamp.get(start.unit).value >= start.value

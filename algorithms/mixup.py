@@ -8,7 +8,6 @@ applies them inside the compiled train step with the step's random key.
 from __future__ import annotations
 
 import functools
-import zlib
 
 import jax
 import jax.numpy as jnp
@@ -163,10 +162,6 @@ class MixUp(Algorithm):
         self.interpolates_loss = interpolate_loss  # read by the engine's loss-interpolation warning
         self.input_key, self.target_key = input_key, target_key
         self.num_classes = num_classes
-
-    def sample_key(self, step_rng: jax.Array) -> jax.Array:
-        """The key this algorithm draws from in a step: ``step_rng`` folded with a hash of its name."""
-        return jax.random.fold_in(step_rng, zlib.crc32(self.name.encode()))
 
     @property
     def _stash(self) -> str:

@@ -18,7 +18,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from composerjax import Algorithm, Event, Logger, State, TimeUnit
+from composerjax import Algorithm, Event, Logger, State
+from composerjax.algorithms.schedule_times import planned_progress
 
 __all__ = ["resizing_scale", "scaled_size", "resize_batch", "ProgressiveResizing"]
 
@@ -143,17 +144,6 @@ def resize_batch(
     return x, y
 
 
-def _planned_progress(state: State) -> list[float]:
-    """The progress at which each batch of the whole run starts (durations in batches or epochs)."""
-    duration = state.max_duration
-    if duration is not None and duration.unit == TimeUnit.BATCH:
-        total = int(duration.value)
-    elif duration is not None and duration.unit == TimeUnit.EPOCH and state.dataloader_len:
-        total = int(duration.value * state.dataloader_len)
-    else:
-        raise ValueError(f"max_duration={duration}: the batches of the run are known in advance only for 'ba' "
-                         "durations, or 'ep' durations with a sized dataloader")
-    return [step / total for step in range(total)]
 
 
 class ProgressiveResizing(Algorithm):
@@ -238,7 +228,7 @@ class ProgressiveResizing(Algorithm):
                 raise ValueError("planned_sizes: pass image_size=(height, width); no batch has been seen yet")
             image_size = self._full_size
         sizes: dict[tuple[int, int], None] = {}
-        for progress in _planned_progress(state):
+        for progress in planned_progress(state):
             sizes.setdefault(self.size_at(progress, image_size), None)
         return list(sizes)
 

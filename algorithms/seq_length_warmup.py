@@ -13,7 +13,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from composerjax import Algorithm, Event, Logger, State, TimeUnit
+from composerjax import Algorithm, Event, Logger, State
+from composerjax.algorithms.schedule_times import planned_progress
 
 __all__ = ["warmup_sequence_length", "set_batch_sequence_length", "SeqLengthWarmup"]
 
@@ -85,17 +86,6 @@ def set_batch_sequence_length(batch: Any, seq_len: int, truncate: bool = True) -
     return jax.tree.map(regroup, batch)
 
 
-def _planned_progress(state: State) -> list[float]:
-    """The progress at which each batch of the whole run starts (durations in batches or epochs)."""
-    duration = state.max_duration
-    if duration is not None and duration.unit == TimeUnit.BATCH:
-        total = int(duration.value)
-    elif duration is not None and duration.unit == TimeUnit.EPOCH and state.dataloader_len:
-        total = int(duration.value * state.dataloader_len)
-    else:
-        raise ValueError(f"max_duration={duration}: the batches of the run are known in advance only for 'ba' "
-                         "durations, or 'ep' durations with a sized dataloader")
-    return [step / total for step in range(total)]
 
 
 class SeqLengthWarmup(Algorithm):
@@ -164,7 +154,7 @@ class SeqLengthWarmup(Algorithm):
                 raise ValueError("planned_lengths: pass sequence_length; no batch has been seen yet")
             sequence_length = self._full_length
         lengths: dict[int, None] = {}
-        for progress in _planned_progress(state):
+        for progress in planned_progress(state):
             lengths.setdefault(min(self.length_at(progress), sequence_length), None)
         return list(lengths)
 

@@ -18,7 +18,8 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from composerjax import Algorithm, Event, Logger, State, Time, Timestamp, TimeUnit
+from composerjax import Algorithm, Event, Logger, State, Time, TimeUnit
+from composerjax.algorithms.schedule_times import after_this_batch, parse_schedule_time, reached
 
 __all__ = ["SWA", "swa_update"]
 
@@ -105,13 +106,13 @@ class SWA(Algorithm):
                              "here); put the SWA learning rate into the optax optimizer's schedule, e.g. "
                              "optax.join_schedules([main_schedule, optax.constant_schedule(swa_lr)], [swa_start_step])")
         window_units = (TimeUnit.DURATION, TimeUnit.EPOCH)
-        self.swa_start = _parse_time(swa_start, "swa_start", window_units)
-        self.swa_end = _parse_time(swa_end, "swa_end", window_units)
+        self.swa_start = parse_schedule_time(swa_start, "swa_start", window_units)
+        self.swa_end = parse_schedule_time(swa_end, "swa_end", window_units)
         if self.swa_start.unit != self.swa_end.unit:
             raise ValueError(f"swa_start={swa_start!r} and swa_end={swa_end!r}: expected the same unit")
         if not self.swa_start.value < self.swa_end.value:
             raise ValueError(f"swa_end={swa_end!r}: expected a time after swa_start={swa_start!r}")
-        self.update_interval = _parse_time(update_interval, "update_interval", (TimeUnit.BATCH, TimeUnit.EPOCH))
+        self.update_interval = parse_schedule_time(update_interval, "update_interval", (TimeUnit.BATCH, TimeUnit.EPOCH))
         if self.update_interval.value < 1:
             raise ValueError(f"update_interval={update_interval!r}: expected at least 1 batch or epoch")
         self.schedule_swa_lr = False
@@ -135,9 +136,9 @@ class SWA(Algorithm):
         by_batch = self.update_interval.unit == TimeUnit.BATCH
         if event == Event.AFTER_TRAIN_BATCH:
             return (by_batch and self._window_steps % self.update_interval.value == 0
-                    and _reached(self.swa_start, _after_this_batch(state), state))
+                    and reached(self.swa_start, after_this_batch(state), state))
         if (event == Event.BATCH_END and by_batch) or (event == Event.EPOCH_END and not by_batch):
-            return _reached(self.swa_start, state.timestamp, state)
+            return reached(self.swa_start, state.timestamp, state)
         return False
 
     def apply(self, event: Event, state: State, logger: Logger) -> None:
@@ -149,7 +150,7 @@ class SWA(Algorithm):
             own = _update_on_device(state.algorithm_state[self.name], state.params)
             state.algorithm_state = {**state.algorithm_state, self.name: own}
         self._window_steps += 1
-        if _reached(self.swa_end, state.timestamp, state):
+        if reached(self.swa_end, state.timestamp, state):
             self._completed = True
             # A copy: the next step donates the train state, and one buffer cannot be donated twice.
             state.params = _copy_on_device(state.algorithm_state[self.name]["params"])
@@ -171,28 +172,6 @@ class SWA(Algorithm):
         return f"SWA(swa_start={self.swa_start}, swa_end={self.swa_end}, update_interval={self.update_interval})"
 
 
-def _parse_time(value: Any, field: str, units: tuple[TimeUnit, ...]) -> Time:
-    accepted = ", ".join(f"'{unit.value}'" for unit in units)
-    try:
-        time = Time.from_input(value)
-    except (TypeError, ValueError) as error:
-        raise ValueError(f"{field}={value!r}: expected a time string in {accepted} (e.g. '2ep'): {error}") from None
-    if time.unit not in units:
-        raise ValueError(f"{field}={value!r}: expected a time in {accepted}, got '{time.unit.value}'")
-    if time.value < 0 or (time.unit == TimeUnit.DURATION and time.value > 1):
-        raise ValueError(f"{field}={value!r}: expected a non-negative time (at most 1 in 'dur')")
-    return time
 
 
-def _after_this_batch(state: State) -> Timestamp:
-    """The clock as it will read once the batch about to run is done (``match`` runs before the step)."""
-    leaves = jax.tree.leaves(state.batch)
-    samples = int(leaves[0].shape[0]) * jax.process_count() if leaves and hasattr(leaves[0], "shape") else 0
-    return state.timestamp.to_next_batch(samples=samples)
 
-
-def _reached(time: Time, timestamp: Timestamp, state: State) -> bool:
-    """Whether ``timestamp`` is at or past ``time`` (a fraction of ``max_duration`` for ``'dur'``)."""
-    if time.unit == TimeUnit.DURATION:
-        return state.max_duration is not None and timestamp.get_progress(state.max_duration) >= time.value
-    return timestamp.get(time.unit).value >= time.value

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import zlib
 from typing import TYPE_CHECKING, Any
+
+import jax
 
 from composerjax.core.event import Event
 
@@ -51,6 +54,13 @@ class Algorithm:
         The class name, with ``#k`` for the k-th repeat of a class in one trainer.
         """
         return getattr(self, "_state_key", type(self).__name__)
+
+    def sample_key(self, step_rng: jax.Array) -> jax.Array:
+        """The key this algorithm draws from in a step: ``step_rng`` folded with a hash of its name.
+
+        Two algorithms in one step (MixUp and CutOut, say) thus never reuse the same random numbers.
+        """
+        return jax.random.fold_in(step_rng, zlib.crc32(self.name.encode()))
 
     def match(self, event: Event, state: State) -> bool:
         """Return whether ``apply`` should run at ``event``. Runs on the host."""

@@ -166,6 +166,23 @@ class State:
             return self.timestamp.batch / (duration.value * self.dataloader_len)
         return self.timestamp.get_progress(duration)
 
+    def batches_in_duration(self) -> int | None:
+        """The number of batches ``max_duration`` spans, where it is known in advance (else None).
+
+        Known for 'ba' durations, 'ep' durations with a sized dataloader, and 'sp' durations with a
+        dataloader that has a fixed ``global_batch_size``.
+        """
+        duration = self.max_duration
+        if duration is None:
+            return None
+        if duration.unit == TimeUnit.BATCH:
+            return int(duration.value)
+        if duration.unit == TimeUnit.EPOCH and self.dataloader_len:
+            return int(duration.value * self.dataloader_len)
+        if duration.unit == TimeUnit.SAMPLE and hasattr(self.dataloader, "global_batch_size"):
+            return int(-(-duration.value // self.dataloader.global_batch_size))
+        return None
+
     def stop_training(self) -> None:
         """End training after the current batch: ``max_duration`` becomes the time elapsed so far.
 

@@ -256,18 +256,11 @@ class Trainer:
         state.train_state = jax.device_put(updated, self._train_state_sharding)
 
     def _total_steps(self) -> int:
-        """Optimizer steps in ``max_duration``, for ``state.progress`` inside the step; 0 if unknown."""
-        duration, state = self.state.max_duration, self.state
-        if duration is None:
-            return 0
-        if duration.unit == TimeUnit.BATCH:
-            return int(duration.value)
-        if duration.unit == TimeUnit.EPOCH and state.dataloader_len:
-            return int(duration.value * state.dataloader_len)
-        if duration.unit == TimeUnit.SAMPLE and hasattr(state.dataloader, "global_batch_size"):
-            return int(-(-duration.value // state.dataloader.global_batch_size))
-        # Token and wall-clock durations have no step count known in advance: progress stays 0.
-        return 0
+        """Optimizer steps in ``max_duration``, for ``state.progress`` inside the step; 0 if unknown.
+
+        Token and wall-clock durations have no step count known in advance: progress stays 0.
+        """
+        return self.state.batches_in_duration() or 0
 
     # -- fit -------------------------------------------------------------------------------------
     def fit(self, duration: Time | str | int | None = None) -> None:
