@@ -79,6 +79,10 @@ class State:
         self.metrics: dict[str, Any] = {}
         self.train_state: dict[str, Any] | None = None
         self.compile_count = 0
+        #: One record (``composerjax.trainer.summary.CompiledStep``) per compiled step variant.
+        self.compiled_steps: list[Any] = []
+        #: The run summary logged at the first FIT_START (parameters, FLOPs per step, ...).
+        self.run_summary: dict[str, Any] = {}
         self._sync_model: Callable[[], None] | None = None
 
     # -- the model, kept in sync with the device state lazily ------------------------------------

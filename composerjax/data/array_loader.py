@@ -217,6 +217,18 @@ class ArrayLoader:
             self._epoch = epoch + 1
             self._batch_in_epoch = 0
 
+    def batch_spec(self) -> Any:
+        """Shapes and dtypes of a full batch (``jax.ShapeDtypeStruct`` pytree), without reading data.
+
+        Example:
+            >>> ArrayLoader(np.zeros((10, 3), np.float32), batch_size=4).batch_spec()
+            ShapeDtypeStruct(shape=(4, 3), dtype=float32)
+        """
+        size = self._bounds[0][1] - self._bounds[0][0] if self._bounds else self._batch_size
+        return tree_unflatten(
+            self._treedef, [jax.ShapeDtypeStruct((size, *leaf.shape[1:]), leaf.dtype) for leaf in self._leaves]
+        )
+
     def set_epoch(self, epoch: int) -> None:
         """Start the next ``iter()`` at the first batch of ``epoch``.
 

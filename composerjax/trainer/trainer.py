@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -33,6 +34,14 @@ from composerjax.parallel.sharding import (
 from composerjax.step.builder import StepBuilder, add_metric_sums, split_model
 from composerjax.step.keys import KeyCodec
 from composerjax.step.precision import compute_dtype
+from composerjax.trainer.summary import (
+    CompiledStep,
+    cost_of,
+    format_compiled,
+    format_summary,
+    memory_of,
+    parameter_summary,
+)
 
 __all__ = ["Trainer"]
 
@@ -80,6 +89,11 @@ class Trainer:
         algorithm_passes: extra engine passes.
         devices: the devices of the mesh (all local devices by default).
         parallelism: 'auto' (data parallel over all devices) or 'ddp'.
+        run_summary: log (``log_hyperparameters``) and print a run summary at the first FIT_START
+            (parameters and bytes, devices, precision, algorithms) and one line per compiled step
+            variant as it compiles (compile time, FLOPs per step, memory analysis; no extra
+            compile). Every variant is recorded in ``state.compiled_steps``; the first train
+            step's FLOPs also land in ``state.run_summary['flops_per_step']``.
 
     Example:
         >>> import numpy as np, optax
@@ -118,6 +132,7 @@ class Trainer:
         algorithm_passes: Sequence[AlgorithmPass | tuple[AlgorithmPass, int]] | None = None,
         devices: Sequence[jax.Device] | None = None,
         parallelism: str = "auto",
+        run_summary: bool = True,
     ) -> None:
         if not isinstance(model, nnx.Module):
             raise TypeError(f"model is a {type(model).__name__}; expected a flax nnx.Module")
@@ -168,6 +183,8 @@ class Trainer:
         self.log_interval = log_interval
         self.parallelism = parallelism
         self.microbatch_size = device_train_microbatch_size
+        self.run_summary = run_summary
+        self._summarized = False
         self._pending: list[tuple[int, Any, Any]] = []
         self._multi_process = jax.process_count() > 1
 
@@ -278,6 +295,9 @@ class Trainer:
         if state.max_duration is None:
             raise ValueError("fit(): max_duration is None; pass max_duration to Trainer or a duration to fit()")
         self._set_total_steps()
+        if not self._summarized:
+            self._summarized = True
+            self._log_run_summary()
         self.engine.run_event(Event.FIT_START)
         self._train_loop()
         self._flush_logs()
@@ -351,7 +371,11 @@ class Trainer:
         if self._multi_process:
             batch = global_batch(batch, self._batch_sharding)
             samples *= jax.process_count()
+        compiles = state.compile_count
+        start = time.perf_counter()
         state.train_state, state.loss, state.step_metrics = step(state.train_state, batch)
+        if state.compile_count != compiles:
+            self._record_compile("train", plan, step, time.perf_counter() - start, state.train_state, batch)
         state._model_stale = True
         if plan:
             self.engine.record_plan(plan, state.timestamp.batch)
@@ -362,6 +386,45 @@ class Trainer:
             if len(self._pending) >= 2 * self.log_interval:
                 self._flush_logs(self.log_interval)
         return samples
+
+    def _log_run_summary(self) -> None:
+        """Log and print the run summary once, before the first FIT_START."""
+        state = self.state
+        summary: dict[str, Any] = {
+            "run_name": state.run_name,
+            **parameter_summary(state.train_state["params"]),
+            "devices": int(self.mesh.devices.size),
+            "platform": jax.devices()[0].platform,
+            "precision": state.precision,
+            "algorithms": [type(a).__name__ for a in state.algorithms],
+            "flops_per_step": None,
+        }
+        state.run_summary = summary
+        if self.run_summary:
+            self.logger.log_hyperparameters({f"run_summary/{k}": v for k, v in summary.items()})
+            _print(format_summary(summary))
+
+    def _record_compile(self, kind: str, plan: Any, step: Any, seconds: float, *args: Any) -> None:
+        """Record (and with run_summary, print) a step variant that was just traced and compiled."""
+        abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=getattr(a, "sharding", None))
+                                if hasattr(a, "shape") else a, args)
+        record = CompiledStep(
+            kind=kind,
+            algorithms=tuple(f"{type(a).__name__}/{event.name}" for event, algorithms in plan for a in algorithms),
+            batch_shapes=tuple(tuple(leaf.shape) for leaf in jax.tree.leaves(args[-1])),
+            compile_seconds=seconds,
+            flops=cost_of(step, *abstract),
+            memory=memory_of(step, *abstract),
+            batch=self.state.timestamp.batch,
+        )
+        self.state.compiled_steps.append(record)
+        if kind == "train" and self.state.run_summary.get("flops_per_step") is None:
+            # Tracing the step ahead of FIT_START would run traced events before it: FLOPs come with
+            # the first compile instead.
+            self.state.run_summary["flops_per_step"] = record.flops
+        if self.run_summary:
+            self.logger.log_hyperparameters({f"compiled_steps/{len(self.state.compiled_steps) - 1}": record.to_dict()})
+            _print(format_compiled(record))
 
     def _flush_logs(self, count: int | None = None) -> None:
         """Fetch the oldest ``count`` (default: all) pending losses and step metrics in one transfer."""
@@ -412,7 +475,11 @@ class Trainer:
             step = builder.eval_step(plan)
             if self._multi_process:
                 batch = global_batch(batch, self._batch_sharding)
-            sums = step(train_state["params"], train_state["rest"], train_state["algorithm_state"], batch)
+            compiles, start = state.compile_count, time.perf_counter()
+            args = (train_state["params"], train_state["rest"], train_state["algorithm_state"], batch)
+            sums = step(*args)
+            if state.compile_count != compiles:
+                self._record_compile("eval", plan, step, time.perf_counter() - start, *args)
             totals = sums if totals is None else add_metric_sums(totals, sums)
             engine.run_event(Event.EVAL_BATCH_END)
         if totals is None:
@@ -444,7 +511,11 @@ class Trainer:
             step = builder.predict_step(plan)
             if self._multi_process:
                 batch = global_batch(batch, self._batch_sharding)
-            state.outputs = step(train_state["params"], train_state["rest"], train_state["algorithm_state"], batch)
+            compiles, start = state.compile_count, time.perf_counter()
+            args = (train_state["params"], train_state["rest"], train_state["algorithm_state"], batch)
+            state.outputs = step(*args)
+            if state.compile_count != compiles:
+                self._record_compile("predict", plan, step, time.perf_counter() - start, *args)
             outputs.append(state.outputs)
             engine.run_event(Event.PREDICT_BATCH_END)
         engine.run_event(Event.PREDICT_END)
@@ -461,6 +532,13 @@ class Trainer:
     def compile_count(self) -> int:
         """How many steps (train, eval and predict) have been traced and compiled."""
         return self.state.compile_count
+
+
+def _print(text: str) -> None:
+    """Print above any active progress bar instead of through it."""
+    from tqdm import tqdm
+
+    tqdm.write(text, file=sys.stdout)
 
 
 def _epoch_of(loader: Iterable[Any]) -> Iterable[Any]:

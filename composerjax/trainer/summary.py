@@ -1,0 +1,89 @@
+"""What a run compiles and holds: compiled-step records and the run summary printed at FIT_START."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import jax
+import numpy as np
+
+__all__ = ["CompiledStep", "cost_of", "memory_of", "parameter_summary", "format_summary"]
+
+
+@dataclass
+class CompiledStep:
+    """One compiled step variant: which step, for which algorithms and inputs, and what it costs.
+
+    Attributes:
+        kind: 'train', 'eval' or 'predict'.
+        algorithms: trace keys of the plan it was compiled for (``'MixUp/BEFORE_FORWARD'``...).
+        batch_shapes: the shapes of the batch leaves it was compiled for.
+        compile_seconds: wall time of the call that traced and compiled it.
+        flops: floating-point operations per call from XLA's cost analysis (None if unavailable).
+        memory: the compiled executable's memory analysis in bytes (argument, output, temp, ...).
+        batch: the training batch index at which it was compiled.
+    """
+
+    kind: str
+    algorithms: tuple[str, ...]
+    batch_shapes: tuple[tuple[int, ...], ...]
+    compile_seconds: float
+    flops: float | None = None
+    memory: dict[str, int] = field(default_factory=dict)
+    batch: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-serialisable view."""
+        return asdict(self)
+
+
+def cost_of(jitted: Any, *args: Any) -> float | None:
+    """FLOPs per call of ``jitted`` on ``args`` (shapes suffice) from the lowered HLO, without compiling."""
+    try:
+        cost = jitted.lower(*args).cost_analysis()
+    except Exception:  # cost analysis is best effort: some backends do not provide it
+        return None
+    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    flops = cost.get("flops") if cost else None
+    return float(flops) if flops is not None and flops >= 0 else None
+
+
+def memory_of(jitted: Any, *args: Any) -> dict[str, int]:
+    """The memory analysis of ``jitted``'s executable for ``args``: free once that variant has run."""
+    try:
+        stats = jitted.lower(*args).compile().memory_analysis()
+    except Exception:  # best effort, as above
+        return {}
+    if stats is None:
+        return {}
+    names = ("argument_size_in_bytes", "output_size_in_bytes", "alias_size_in_bytes", "temp_size_in_bytes",
+             "generated_code_size_in_bytes")
+    return {name.removesuffix("_in_bytes"): int(getattr(stats, name)) for name in names if hasattr(stats, name)}
+
+
+def parameter_summary(params: Any) -> dict[str, int]:
+    """Parameter count and bytes of a parameter pytree."""
+    leaves = jax.tree.leaves(params)
+    return {
+        "parameters": int(sum(np.prod(leaf.shape) for leaf in leaves)),
+        "parameter_bytes": int(sum(np.prod(leaf.shape) * leaf.dtype.itemsize for leaf in leaves)),
+    }
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    """The run summary as a few readable lines."""
+    lines = [f"run summary: {summary.get('run_name', '')}"]
+    lines.append(f"  parameters: {summary['parameters']:,} ({summary['parameter_bytes'] / 2**20:.2f} MiB)")
+    lines.append(f"  devices: {summary['devices']} ({summary['platform']}), precision {summary['precision']}, "
+                 f"algorithms: {', '.join(summary['algorithms']) or 'none'}")
+    return "\n".join(lines)
+
+
+def format_compiled(step: CompiledStep) -> str:
+    """One compiled step variant as a line."""
+    flops = f", {step.flops:.4g} FLOPs" if step.flops is not None else ""
+    temp = step.memory.get("temp_size")
+    memory = f", temp {temp / 2**20:.2f} MiB" if temp is not None else ""
+    plan = ", ".join(step.algorithms) or "no algorithms"
+    return f"compiled {step.kind} step at batch {step.batch} in {step.compile_seconds:.2f}s{flops}{memory} ({plan})"
