@@ -67,6 +67,8 @@ class State:
         self.evaluators = list(evaluators)
         self.precision = precision
         self.run_name = run_name
+        #: The run folder for files (traces, profiles, logs): ``runs/<run_name>`` unless given.
+        self.run_dir = f"runs/{run_name}"
         self.mesh = mesh
         self.shardings: Any = None
         self.timestamp = Timestamp()

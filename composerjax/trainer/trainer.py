@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -89,6 +90,8 @@ class Trainer:
         algorithm_passes: extra engine passes.
         devices: the devices of the mesh (all local devices by default).
         parallelism: 'auto' (data parallel over all devices) or 'ddp'.
+        run_dir: the run folder for files callbacks and loggers write (traces, profiles, logs);
+            ``runs/<run_name>`` by default. Created by whoever writes first.
         run_summary: log (``log_hyperparameters``) and print a run summary at the first FIT_START
             (parameters and bytes, devices, precision, algorithms) and one line per compiled step
             variant as it compiles (compile time, FLOPs per step, memory analysis; no extra
@@ -133,6 +136,7 @@ class Trainer:
         devices: Sequence[jax.Device] | None = None,
         parallelism: str = "auto",
         run_summary: bool = True,
+        run_dir: str | None = None,
     ) -> None:
         if not isinstance(model, nnx.Module):
             raise TypeError(f"model is a {type(model).__name__}; expected a flax nnx.Module")
@@ -167,6 +171,7 @@ class Trainer:
             run_name=run_name or time.strftime("run-%Y%m%d-%H%M%S"),
             mesh=self.mesh,
         )
+        self.state.run_dir = run_dir or os.path.join("runs", self.state.run_name)
         self.eval_dataloader = as_batch_iterable(eval_dataloader) if eval_dataloader is not None else None
         self.eval_interval = _to_time(
             eval_interval if eval_interval is not None else ("1ep" if eval_dataloader is not None else None),
