@@ -7,8 +7,8 @@ method, like ``BasicBlock`` and ``DecoderBlock``) is wrapped in a :class:`Stocha
 
 Two methods, as in Composer:
 
-* ``'block'`` (the paper): the whole batch skips the branch (``lax.cond``: a dropped branch is not
-  computed, and its batch-norm statistics are not updated). Training does not rescale; evaluation
+* ``'block'`` (the paper): the whole batch drops the branch (computed and masked, as a cond is slow on
+  XLA:CPU; a dropped branch leaves its batch-norm statistics unchanged). Training does not rescale; evaluation
   scales the branch by ``1 - p``.
 * ``'sample'`` (EfficientNet's drop-path): each sample skips the branch on its own; kept samples are
   scaled by ``1 / (1 - p)`` in training, so evaluation uses the branch as is.
@@ -130,9 +130,15 @@ class StochasticBlock(nnx.Module):
                 residual = self.block.residual(x)
                 return self.policy.combine(identity, residual * (1 - rate).astype(residual.dtype))
             keep = jax.random.bernoulli(self.rngs.dropout(), 1 - rate)
-            shape = nnx.eval_shape(_residual, self.block, x)
-            residual = nnx.cond(keep, _residual, lambda block, x: jnp.zeros(shape.shape, shape.dtype), self.block, x)
-            return self.policy.combine(identity, residual)
+            # The branch is computed and masked rather than skipped with a cond: XLA:CPU runs convs
+            # inside a conditional ~35x slower (benchmarks/algorithms.py). A dropped branch still
+            # leaves its batch-norm statistics as they were.
+            stats_before = nnx.to_pure_dict(nnx.state(self.block, nnx.BatchStat))  # values, not variables
+            residual = self.block.residual(x)
+            stats_after = nnx.to_pure_dict(nnx.state(self.block, nnx.BatchStat))
+            kept_stats = jax.tree.map(lambda new, old: jnp.where(keep, new, old), stats_after, stats_before)
+            nnx.update(self.block, nnx.State(kept_stats))
+            return self.policy.combine(identity, residual * keep.astype(residual.dtype))
         residual = self.block.residual(x)
         if self.deterministic:
             return self.policy.combine(identity, residual)
@@ -140,9 +146,6 @@ class StochasticBlock(nnx.Module):
         scale = jnp.where(keep, 1 / jnp.maximum(1 - rate, 1e-12), 0.0).astype(residual.dtype)
         return self.policy.combine(identity, residual * scale)
 
-
-def _residual(block: nnx.Module, x: jax.Array) -> jax.Array:
-    return block.residual(x)
 
 
 def policy_for(block_class: type) -> ResidualPolicy:

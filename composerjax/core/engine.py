@@ -142,6 +142,9 @@ class Engine:
             trace = Trace(key.split("/")[0], event, exit_code, order, True, traced, batch, duration)
             traces[key] = trace
             self.trace_log.append(trace)
+        log_traces = getattr(self.logger, "log_traces", None)
+        if log_traces is not None:
+            log_traces(traces)
         return traces
 
     def _apply(self, algorithm: Algorithm, event: Event, state: State) -> int | None:
