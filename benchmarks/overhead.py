@@ -10,7 +10,9 @@ Run: ``.venv/bin/python benchmarks/overhead.py [--rounds 5] [--quick]``.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -105,9 +107,10 @@ class HandLoop:
 
 
 class EngineLoop:
-    """The same training through Trainer.fit, no algorithms, no loggers."""
+    """The same training through Trainer.fit, no algorithms, no loggers (unless given)."""
 
-    def __init__(self, case: Case, batches: list[Any], algorithms: list[Any] | None = None) -> None:
+    def __init__(self, case: Case, batches: list[Any], algorithms: list[Any] | None = None,
+                 loggers: list[Any] | None = None, log_interval: int = 10) -> None:
         self.batches = batches
         self.trainer = Trainer(
             MLP(case.sizes, nnx.Rngs(0)),
@@ -116,7 +119,10 @@ class EngineLoop:
             optimizers=optax.adam(1e-3),
             loss_fn=loss_of(case),
             algorithms=algorithms or [],
+            loggers=loggers or [],
+            log_interval=log_interval,
             progress_bar=False,
+            run_summary=False,
         )
         self.run()  # compile
 
@@ -143,6 +149,35 @@ def measure(case: Case, rounds: int) -> dict[str, float]:
     }
 
 
+def every_destination(folder: str) -> list[Any]:
+    """One of each logger destination, writing to ``folder`` or to /dev/null."""
+    from composerjax.loggers import ConsoleLogger, FileLogger, InMemoryLogger, ProgressBarLogger, TensorboardLogger
+
+    null = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the benchmark
+    return [ConsoleLogger(stream=null), ProgressBarLogger(stream=null, force=True),
+            TensorboardLogger(log_dir=os.path.join(folder, "tb")), FileLogger(os.path.join(folder, "m.jsonl")),
+            InMemoryLogger()]
+
+
+def measure_logging(case: Case, rounds: int) -> dict[str, float]:
+    """Every destination logging every batch against no loggers, both through Trainer.fit."""
+    batches = make_batches(case, case.batches)
+    with tempfile.TemporaryDirectory() as folder:
+        quiet = EngineLoop(case, batches)
+        logged = EngineLoop(case, batches, loggers=every_destination(folder), log_interval=1)
+        quiet_rates, logged_rates = [], []
+        for _ in range(rounds):
+            quiet_rates.append(quiet.run())
+            logged_rates.append(logged.run())
+        logged.trainer.close()
+    return {
+        "hand steps/s": statistics.median(quiet_rates),
+        "engine steps/s": statistics.median(logged_rates),
+        "ratio": statistics.harmonic_mean(logged_rates) / statistics.harmonic_mean(quiet_rates),
+        "compiles": logged.trainer.compile_count,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rounds", type=int, default=40)
@@ -156,7 +191,12 @@ def main() -> None:
             case.batches = max(case.batches // 10, 5)
         row = measure(case, args.rounds)
         print(f"{case.name:40s} {row['hand steps/s']:13.0f} {row['engine steps/s']:15.0f} "
-              f"{row['ratio']:12.3f} {row['compiles']:9d}")
+              f"{row['ratio']:12.3f} {row['compiles']:9d}", flush=True)
+    case = CASES[1]
+    row = measure_logging(case, args.rounds)
+    print(f"\nlogging every batch to every destination (console, progress bar, tensorboard, jsonl, in-memory)\n"
+          f"{'case':40s} {'no loggers/s':>13s} {'all loggers/s':>15s} {'logged/none':>12s}")
+    print(f"{case.name:40s} {row['hand steps/s']:13.0f} {row['engine steps/s']:15.0f} {row['ratio']:12.3f}")
 
 
 if __name__ == "__main__":

@@ -5,20 +5,36 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+import jax
+import numpy as np
+
 from composerjax.core.callback import Callback
+from composerjax.loggers.images import image_batch
 
 if TYPE_CHECKING:
     from composerjax.core.state import State
     from composerjax.core.trace import Trace
 
-__all__ = ["Logger", "LoggerDestination"]
+__all__ = ["Logger", "LoggerDestination", "is_process_zero"]
+
+
+def is_process_zero() -> bool:
+    """Return whether this process writes logs: only process 0 of a multi-process run does.
+
+    Example:
+        >>> is_process_zero()
+        True
+    """
+    return jax.process_index() == 0
 
 
 class LoggerDestination(Callback):
     """Where logged values go (console, progress bar, files). A destination is also a Callback.
 
-    Values arrive as host numbers: the trainer fetches device values in one batched transfer every
-    ``log_interval`` batches before calling ``log_metrics``.
+    Override the ``log_*`` methods you handle; the others do nothing. Values arrive as host values:
+    the trainer fetches device scalars in one batched transfer every ``log_interval`` batches before
+    calling ``log_metrics``, and ``Logger.log_images``/``log_table`` fetch once per call. Destinations
+    that write files or draw on a terminal do so only on process 0 (``is_process_zero()``).
 
     Example:
         >>> class PrintDestination(LoggerDestination):
@@ -29,25 +45,40 @@ class LoggerDestination(Callback):
     """
 
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
-        """Record scalar metrics at ``step``."""
+        """Record scalar metrics (host floats) at ``step``."""
 
     def log_hyperparameters(self, hyperparameters: dict[str, Any]) -> None:
-        """Record the run's hyperparameters."""
+        """Record the run's hyperparameters (values may be nested dicts, lists, strings, numbers)."""
 
     def log_traces(self, traces: dict[str, Trace]) -> None:
-        """Record engine traces."""
+        """Record the traces of one host event (``{'Name/EVENT': Trace}``)."""
+
+    def log_images(self, images: np.ndarray, name: str, step: int | None = None) -> None:
+        """Record a batch of images: a host ``(N, H, W, C)`` array, ``C`` in 1-4 (see ``Logger.log_images``)."""
+
+    def log_table(self, columns: list[str], rows: list[list[Any]], name: str, step: int | None = None) -> None:
+        """Record a table: ``rows`` are lists of plain Python values, one per column."""
 
 
 class Logger:
-    """Send values to every destination.
+    """Send logged values to every destination.
+
+    Algorithms and callbacks receive the trainer's Logger at every event. ``log_metrics`` expects host
+    numbers; ``log_images`` and ``log_table`` also take device arrays and fetch them in one transfer
+    per call, and only when some destination handles them.
 
     Args:
-        state: the training state (gives the default ``step`` for ``log_metrics``).
+        state: the training state (gives the default ``step``: ``state.timestamp.batch``).
         destinations: the destinations to forward to.
 
     Example:
-        >>> logger = Logger(state=None, destinations=[])
+        >>> from composerjax.loggers import InMemoryLogger
+        >>> memory = InMemoryLogger()
+        >>> logger = Logger(state=None, destinations=[memory])
         >>> logger.log_metrics({'loss/train': 0.25}, step=1)
+        >>> logger.log_table(['name', 'score'], [['a', 1.5]], name='scores', step=1)
+        >>> memory.data['loss/train'], memory.tables['scores']
+        ([(1, 0.25)], [(1, ['name', 'score'], [['a', 1.5]])])
     """
 
     def __init__(self, state: State | None, destinations: Sequence[LoggerDestination] = ()) -> None:
@@ -59,19 +90,89 @@ class Logger:
         """The destinations; mutate this list (append/remove) rather than replacing it."""
         return self._destinations
 
-    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
-        """Log scalar metrics at ``step`` (defaults to the current batch)."""
+    def _step(self, step: int | None) -> int | None:
         if step is None and self._state is not None:
-            step = self._state.timestamp.batch
-        for destination in self.destinations:
+            return self._state.timestamp.batch
+        return step
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        """Log scalar metrics (host numbers) at ``step`` (defaults to the current batch)."""
+        step = self._step(step)
+        for destination in self._destinations:
             destination.log_metrics(metrics, step)
 
     def log_hyperparameters(self, hyperparameters: dict[str, Any]) -> None:
         """Log the run's hyperparameters."""
-        for destination in self.destinations:
+        for destination in self._destinations:
             destination.log_hyperparameters(hyperparameters)
 
     def log_traces(self, traces: dict[str, Trace]) -> None:
-        """Log engine traces (only destinations that record traces keep them)."""
-        for destination in self.destinations:
+        """Log the traces of one host event (only destinations that record traces keep them)."""
+        for destination in self._destinations:
             destination.log_traces(traces)
+
+    def log_images(
+        self, images: Any, name: str = "images", step: int | None = None, channels_last: bool = True
+    ) -> None:
+        """Log images: one ``(H, W)`` or ``(H, W, C)`` image, an ``(N, H, W, C)`` batch, or a list of images.
+
+        Device arrays are fetched in one transfer, and only when a destination handles images. Float
+        images are read as values in [0, 1], integer ones in [0, 255].
+
+        Args:
+            images: the image(s); ``C`` (channels) must be 1 (grey), 2 (grey + alpha), 3 (RGB) or 4 (RGBA).
+            name: the tag the images are stored under.
+            step: the step to log at (defaults to the current batch).
+            channels_last: False when images are ``(C, H, W)`` / ``(N, C, H, W)``.
+
+        Raises:
+            ValueError: for an empty list or an array whose shape is not an image or image batch.
+        """
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"log_images(name={name!r}): expected a non-empty string")
+        receivers = [d for d in self._destinations if _overrides(d, "log_images")]
+        if not receivers:
+            return
+        batch = image_batch(jax.device_get(images), channels_last)
+        step = self._step(step)
+        for destination in receivers:
+            destination.log_images(batch, name, step)
+
+    def log_table(self, columns: Sequence[str], rows: Sequence[Sequence[Any]], name: str = "table",
+                  step: int | None = None) -> None:
+        """Log a table: ``rows`` hold one value per column (numbers, strings, device scalars).
+
+        Device values are fetched in one transfer and arrive at destinations as plain Python values.
+
+        Raises:
+            ValueError: when ``columns`` is not a sequence of strings or a row's length differs from it.
+        """
+        if isinstance(columns, str) or not all(isinstance(column, str) for column in columns):
+            raise ValueError(f"log_table(columns={columns!r}): expected a sequence of column names (strings)")
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"log_table(name={name!r}): expected a non-empty string")
+        rows = [list(row) for row in rows]
+        for index, row in enumerate(rows):
+            if len(row) != len(columns):
+                raise ValueError(f"log_table(rows=...): row {index} has {len(row)} values; expected one per "
+                                 f"column ({len(columns)}: {list(columns)})")
+        receivers = [d for d in self._destinations if _overrides(d, "log_table")]
+        if not receivers:
+            return
+        plain_rows = [[_plain(value) for value in row] for row in jax.device_get(rows)]
+        step = self._step(step)
+        for destination in receivers:
+            destination.log_table(list(columns), plain_rows, name, step)
+
+
+def _overrides(destination: LoggerDestination, method: str) -> bool:
+    return getattr(type(destination), method, None) is not getattr(LoggerDestination, method)
+
+
+def _plain(value: Any) -> Any:
+    """A numpy scalar or 0-d array as the Python number it holds; anything else unchanged."""
+    if isinstance(value, np.generic) or (isinstance(value, np.ndarray) and value.ndim == 0):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    return value
