@@ -19,7 +19,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest tests
-	$(PY) -m pytest -q --doctest-modules composerjax algorithms
+	$(PY) -m pytest -q --doctest-modules composerjax algorithms callbacks
 
 bench: $(STAMP)
 	$(PY) benchmarks/overhead.py

@@ -1,0 +1,39 @@
+"""Callbacks, written only against composerjax's public API.
+
+Example::
+
+    from composerjax.callbacks import SpeedMonitor, OptimizerMonitor, EarlyStopper
+    trainer = Trainer(model, loader, "10ep", callbacks=[SpeedMonitor(), OptimizerMonitor(), EarlyStopper()])
+"""
+
+from composerjax.callbacks.activation_monitor import ActivationMonitor, activation_statistics
+from composerjax.callbacks.early_stopper import EarlyStopper
+from composerjax.callbacks.image_visualizer import ImageVisualizer
+from composerjax.callbacks.lr_monitor import LRMonitor
+from composerjax.callbacks.memory_monitor import MemoryMonitor
+from composerjax.callbacks.nan_monitor import NaNMonitor, NonFiniteLossError
+from composerjax.callbacks.optimizer_monitor import OptimizerMonitor
+from composerjax.callbacks.profiler import Profiler
+from composerjax.callbacks.runtime_estimator import RuntimeEstimator
+from composerjax.callbacks.speed_monitor import SpeedMonitor
+from composerjax.callbacks.system_metrics_monitor import SystemMetricsMonitor
+from composerjax.callbacks.threshold_stopper import ThresholdStopper
+from composerjax.callbacks.trace_recorder import TraceRecorder
+
+__all__ = [
+    "ActivationMonitor",
+    "EarlyStopper",
+    "ImageVisualizer",
+    "LRMonitor",
+    "MemoryMonitor",
+    "NaNMonitor",
+    "NonFiniteLossError",
+    "OptimizerMonitor",
+    "Profiler",
+    "RuntimeEstimator",
+    "SpeedMonitor",
+    "SystemMetricsMonitor",
+    "ThresholdStopper",
+    "TraceRecorder",
+    "activation_statistics",
+]

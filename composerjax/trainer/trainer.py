@@ -185,6 +185,11 @@ class Trainer:
         self.logger = Logger(self.state, destinations)
         self._destinations = self.logger.destinations
         self.engine = Engine(self.state, self.logger, algorithm_passes)
+        # Plugins that read the engine itself (its trace log) declare attach(engine).
+        for plugin in (*self.state.callbacks, *destinations):
+            attach = getattr(plugin, "attach", None)
+            if callable(attach):
+                attach(self.engine)
         self.log_interval = log_interval
         self.parallelism = parallelism
         self.microbatch_size = device_train_microbatch_size
@@ -485,6 +490,8 @@ class Trainer:
             sums = step(*args)
             if state.compile_count != compiles:
                 self._record_compile("eval", plan, step, time.perf_counter() - start, *args)
+            if plan:
+                engine.record_plan(plan, state.timestamp.batch)
             totals = sums if totals is None else add_metric_sums(totals, sums)
             engine.run_event(Event.EVAL_BATCH_END)
         if totals is None:
@@ -521,6 +528,8 @@ class Trainer:
             state.outputs = step(*args)
             if state.compile_count != compiles:
                 self._record_compile("predict", plan, step, time.perf_counter() - start, *args)
+            if plan:
+                engine.record_plan(plan, state.timestamp.batch)
             outputs.append(state.outputs)
             engine.run_event(Event.PREDICT_BATCH_END)
         engine.run_event(Event.PREDICT_END)

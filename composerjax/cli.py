@@ -1,0 +1,329 @@
+"""The ``composerjax`` command line: inspect and chart finished runs.
+
+Each subcommand is one ``_add_<name>(subparsers)`` function that declares its arguments and one
+``<name>_command(args) -> int`` that runs it; ``main`` dispatches. Bad input (a missing run folder
+or file, an unreadable line) exits with status 2 and a one-line message, never a traceback.
+
+Example:
+    >>> main(['traces', '/no/such/run'])
+    2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["main", "build_parser", "traces_command", "plot_command", "UsageError"]
+
+TRACES_FILE = "traces.jsonl"
+METRICS_FILE = "metrics.jsonl"
+
+
+class UsageError(Exception):
+    """Invalid input for a subcommand: reported as ``composerjax <command>: error: <message>``, exit status 2."""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line with ``argv`` (default ``sys.argv[1:]``) and return the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.handler(args)
+    except UsageError as error:
+        print(f"composerjax {args.command}: error: {error}", file=sys.stderr)
+        return 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser with every subcommand."""
+    parser = argparse.ArgumentParser(
+        prog="composerjax",
+        description="Inspect composerjax runs: which algorithms ran where (traces) and how training went (plot).",
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for add_subcommand in _SUBCOMMANDS:
+        add_subcommand(subparsers)
+    return parser
+
+
+# -- composerjax traces ----------------------------------------------------------------------------
+def _add_traces(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "traces",
+        help="which algorithms ran at each event, in what order, how often",
+        description=(
+            "Summarise RUN_DIR/traces.jsonl (written by composerjax.callbacks.trace_recorder.TraceRecorder): "
+            "for each event, in lifecycle order, the algorithms that ran there in the order they were applied, "
+            "how many times, whether inside the compiled step (traced) or on the host, the batches they ran at "
+            "and the total host time of their apply. With --diff, show only where two runs differ: algorithms "
+            "present at an event in one run and not the other, a different order, different run counts."
+        ),
+    )
+    parser.add_argument("run_dir", metavar="RUN_DIR", help="a run folder holding traces.jsonl (or the file itself)")
+    parser.add_argument("--diff", metavar="OTHER_RUN", help="another run folder (or traces.jsonl) to compare against")
+    parser.set_defaults(handler=traces_command)
+
+
+@dataclass
+class _AlgorithmRuns:
+    """What one algorithm did at one event over a run."""
+
+    name: str
+    first_seen: int
+    runs: int = 0
+    orders: dict[int, int] = field(default_factory=dict)  # position -> how often
+    traced: set[bool] = field(default_factory=set)
+    seconds: float = 0.0
+    batches: list[int] = field(default_factory=list)
+
+    @property
+    def position(self) -> tuple[int, int]:
+        """Where it usually ran among the event's algorithms: its most frequent order, then first seen."""
+        usual = max(self.orders.items(), key=lambda item: (item[1], -item[0]))[0] if self.orders else 0
+        return usual, self.first_seen
+
+
+def traces_command(args: argparse.Namespace) -> int:
+    """``composerjax traces RUN_DIR [--diff OTHER_RUN]``."""
+    run = _summarise_traces(_read_jsonl(_run_file(args.run_dir, TRACES_FILE, "traces")))
+    if args.diff is None:
+        print(_format_traces(args.run_dir, run))
+        return 0
+    other = _summarise_traces(_read_jsonl(_run_file(args.diff, TRACES_FILE, "traces")))
+    print(_format_trace_diff(args.run_dir, run, args.diff, other))
+    return 0
+
+
+def _summarise_traces(records: list[tuple[str, int, dict[str, Any]]]) -> dict[str, dict[str, _AlgorithmRuns]]:
+    """``{event: {algorithm: runs}}`` from traces.jsonl records; events and algorithms in first-seen order."""
+    events: dict[str, dict[str, _AlgorithmRuns]] = {}
+    for index, (path, line, record) in enumerate(records):
+        try:
+            name, event = str(record["name"]), str(record["event"]).upper()
+        except KeyError as missing:
+            raise UsageError(f"{path}:{line}: a trace needs 'name' and 'event'; {missing} is missing") from None
+        if record.get("run") is False:
+            continue
+        algorithms = events.setdefault(event, {})
+        runs = algorithms.get(name) or algorithms.setdefault(name, _AlgorithmRuns(name, index))
+        runs.runs += 1
+        order = record.get("order")
+        if isinstance(order, int):
+            runs.orders[order] = runs.orders.get(order, 0) + 1
+        runs.traced.add(bool(record.get("traced", False)))
+        if isinstance(record.get("duration_s"), (int, float)):
+            runs.seconds += float(record["duration_s"])
+        if isinstance(record.get("batch"), int):
+            runs.batches.append(record["batch"])
+    return {event: events[event] for event in sorted(events, key=_event_rank)}
+
+
+def _event_rank(event: str) -> tuple[int, str]:
+    """Lifecycle position of an event name (unknown names last, alphabetically)."""
+    from composerjax.core.event import Event
+
+    try:
+        return list(Event).index(Event(event.lower())), event
+    except ValueError:
+        return len(Event), event
+
+
+def _in_order(algorithms: dict[str, _AlgorithmRuns]) -> list[_AlgorithmRuns]:
+    return sorted(algorithms.values(), key=lambda runs: runs.position)
+
+
+def _kind(runs: _AlgorithmRuns) -> str:
+    return "/".join(name for flag, name in ((False, "host"), (True, "traced")) if flag in runs.traced)
+
+
+def _format_traces(label: str, events: dict[str, dict[str, _AlgorithmRuns]]) -> str:
+    total = sum(runs.runs for algorithms in events.values() for runs in algorithms.values())
+    batches = [b for algorithms in events.values() for runs in algorithms.values() for b in runs.batches]
+    span = f", batches {min(batches)}-{max(batches)}" if batches else ""
+    lines = [f"traces of {label}: {total} algorithm runs at {len(events)} events{span}"]
+    if not events:
+        lines.append("  (no algorithm ran)")
+    host_seconds = 0.0
+    for event, algorithms in events.items():
+        rows = [("order", "algorithm", "runs", "kind", "batches", "host time")]
+        for runs in _in_order(algorithms):
+            orders = ",".join(str(order) for order in sorted(runs.orders)) or "-"
+            host = False in runs.traced
+            host_seconds += runs.seconds
+            rows.append((orders, runs.name, str(runs.runs), _kind(runs), _batch_range(runs.batches),
+                         _seconds(runs.seconds) if host else "-"))
+        lines.append("")
+        lines.append(event)
+        lines.extend("  " + line for line in _table(rows))
+    lines.append("")
+    lines.append(f"total host time in algorithms: {_seconds(host_seconds)}")
+    return "\n".join(lines)
+
+
+def _format_trace_diff(label: str, run: dict[str, dict[str, _AlgorithmRuns]], other_label: str,
+                       other: dict[str, dict[str, _AlgorithmRuns]]) -> str:
+    lines = [f"differences between {label} (A) and {other_label} (B):"]
+    for event in sorted(set(run) | set(other), key=_event_rank):
+        ours, theirs = run.get(event, {}), other.get(event, {})
+        only_ours = [runs.name for runs in _in_order(ours) if runs.name not in theirs]
+        only_theirs = [runs.name for runs in _in_order(theirs) if runs.name not in ours]
+        if only_ours:
+            lines.append(f"  {event}: only in A: {', '.join(only_ours)}")
+        if only_theirs:
+            lines.append(f"  {event}: only in B: {', '.join(only_theirs)}")
+        shared_ours = [runs.name for runs in _in_order(ours) if runs.name in theirs]
+        shared_theirs = [runs.name for runs in _in_order(theirs) if runs.name in ours]
+        if shared_ours != shared_theirs:
+            lines.append(f"  {event}: order differs: A runs {', '.join(shared_ours)}; "
+                         f"B runs {', '.join(shared_theirs)}")
+        for name in shared_ours:
+            if ours[name].runs != theirs[name].runs:
+                lines.append(f"  {event}: {name} ran {ours[name].runs} times in A, {theirs[name].runs} in B")
+    if len(lines) == 1:
+        lines.append("  none: the same algorithms ran at the same events, in the same order, as often")
+    return "\n".join(lines)
+
+
+def _batch_range(batches: list[int]) -> str:
+    if not batches:
+        return "-"
+    low, high = min(batches), max(batches)
+    return str(low) if low == high else f"{low}-{high}"
+
+
+def _seconds(seconds: float) -> str:
+    if seconds >= 1.0:
+        return f"{seconds:.3g} s"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.3g} ms"
+    return f"{seconds * 1e6:.3g} us"
+
+
+def _table(rows: list[tuple[str, ...]]) -> list[str]:
+    widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
+    return ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
+
+
+# -- composerjax plot ------------------------------------------------------------------------------
+#: Charts and the metric names they hold (matched on the name logged, e.g. 'loss/train/total').
+_CHARTS: tuple[tuple[str, str, Callable[[str], bool]], ...] = (
+    ("loss", "Loss", lambda name: name == "loss" or name.startswith("loss/")),
+    ("metrics", "Metrics", lambda name: name.startswith("metrics/")),
+    ("learning_rate", "Learning rate",
+     lambda name: re.search(r"(^|[/_-])(lr|learning_rate)([/_-]|$)", name.lower()) is not None),
+    ("throughput", "Throughput", lambda name: "throughput" in name.lower()),
+)
+
+
+def _add_plot(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "plot",
+        help="PNG charts of loss, metrics, learning rate and throughput",
+        description=(
+            "Chart RUN_DIR/metrics.jsonl (written by composerjax.loggers.FileLogger: one JSON object per line with "
+            "'step' and metric values) against the batch: loss.png (names starting with 'loss/'), metrics.png "
+            "('metrics/...'), learning_rate.png (names with an 'lr' or 'learning_rate' part) and throughput.png "
+            "(names containing 'throughput'). Charts without values are skipped. Needs matplotlib "
+            "(pip install matplotlib)."
+        ),
+    )
+    parser.add_argument("run_dir", metavar="RUN_DIR", help="a run folder holding metrics.jsonl (or the file itself)")
+    parser.add_argument("--out", metavar="DIR", help="where to write the PNG files (default: RUN_DIR/plots)")
+    parser.set_defaults(handler=plot_command)
+
+
+def plot_command(args: argparse.Namespace) -> int:
+    """``composerjax plot RUN_DIR [--out DIR]``."""
+    path = _run_file(args.run_dir, METRICS_FILE, "metrics")
+    series = _read_metric_series(_read_jsonl(path))
+    charts = [(file_name, title, {name: points for name, points in series.items() if belongs(name)})
+              for file_name, title, belongs in _CHARTS]
+    charts = [chart for chart in charts if chart[2]]
+    if not charts:
+        raise UsageError(f"{path}: no loss, metrics, learning-rate or throughput values to plot "
+                         f"(found: {', '.join(sorted(series)) or 'no metrics'})")
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        print("composerjax plot: error: charts need matplotlib, which is not installed: pip install matplotlib",
+              file=sys.stderr)
+        return 1
+    run_dir = args.run_dir if os.path.isdir(args.run_dir) else os.path.dirname(os.path.abspath(args.run_dir))
+    out = args.out or os.path.join(run_dir, "plots")
+    try:
+        os.makedirs(out, exist_ok=True)
+    except OSError as error:
+        raise UsageError(f"--out {out}: cannot create the folder: {error.strerror}") from None
+    for file_name, title, chart_series in charts:
+        figure = Figure(figsize=(8, 4.5), layout="constrained")
+        axes = figure.subplots()
+        for name, points in sorted(chart_series.items()):
+            steps, values = zip(*points)
+            axes.plot(steps, values, label=name, marker="." if len(points) < 50 else None)
+        axes.set_title(title)
+        axes.set_xlabel("batch")
+        axes.grid(True, alpha=0.3)
+        axes.legend(fontsize="small")
+        target = os.path.join(out, f"{file_name}.png")
+        figure.savefig(target, dpi=100)
+        print(f"wrote {target} ({len(chart_series)} series)")
+    return 0
+
+
+def _read_metric_series(records: list[tuple[str, int, dict[str, Any]]]) -> dict[str, list[tuple[float, float]]]:
+    """``{metric: [(step, value), ...]}`` from FileLogger lines (hyperparameter lines are skipped)."""
+    series: dict[str, list[tuple[float, float]]] = {}
+    for index, (_, _, record) in enumerate(records):
+        if "hyperparameters" in record:
+            continue
+        step = record.get("step")
+        step = step if isinstance(step, (int, float)) and not isinstance(step, bool) else index
+        for name, value in record.items():
+            if name != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
+                series.setdefault(name, []).append((step, float(value)))
+    return series
+
+
+# -- shared ----------------------------------------------------------------------------------------
+def _run_file(run: str, file_name: str, what: str) -> str:
+    """The path of ``file_name`` in run folder ``run`` (or ``run`` itself when it is that file)."""
+    if os.path.isfile(run):
+        return run
+    if not os.path.isdir(run):
+        raise UsageError(f"{run}: no such run folder")
+    path = os.path.join(run, file_name)
+    if not os.path.isfile(path):
+        hint = {"traces": "record it with composerjax.callbacks.trace_recorder.TraceRecorder",
+                "metrics": "write it with composerjax.loggers.FileLogger(os.path.join(run_dir, 'metrics.jsonl'))"}
+        raise UsageError(f"{run} has no {file_name} ({hint[what]})")
+    return path
+
+
+def _read_jsonl(path: str) -> list[tuple[str, int, dict[str, Any]]]:
+    """``(path, line number, object)`` for each non-blank line of a JSON-lines file."""
+    records = []
+    try:
+        with open(path, encoding="utf-8") as file:
+            for number, line in enumerate(file, 1):
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as error:
+                    raise UsageError(f"{path}:{number}: not a JSON line ({error.msg})") from None
+                if not isinstance(record, dict):
+                    raise UsageError(f"{path}:{number}: expected a JSON object, got {type(record).__name__}")
+                records.append((path, number, record))
+    except OSError as error:
+        raise UsageError(f"{path}: cannot read: {error.strerror}") from None
+    return records
+
+
+_SUBCOMMANDS: tuple[Callable[[Any], None], ...] = (_add_traces, _add_plot)
