@@ -107,7 +107,7 @@ class Trainer:
         >>> y = (x[:, 0] > 0).astype(np.int32)
         >>> trainer = Trainer(ComposerClassifier(nnx.Linear(4, 2, rngs=nnx.Rngs(0)), 2),
         ...                   ArrayLoader((x, y), batch_size=16), max_duration='2ep',
-        ...                   optimizers=optax.sgd(0.1), progress_bar=False)
+        ...                   optimizers=optax.sgd(0.1), progress_bar=False, run_summary=False)
         >>> trainer.fit()
         >>> trainer.state.timestamp.batch
         8
