@@ -168,12 +168,33 @@ class Engine:
             self._rebuild_listeners()
         return self._listeners.get(event, ())
 
+    def is_quiet(self, events: tuple[Event, ...]) -> bool:
+        """Whether running ``events`` now would do nothing: no algorithms, no callback listens to them.
+
+        The trainer asks once per batch and skips the batch's host events when they are all quiet,
+        so an engine with nothing registered costs almost nothing per batch.
+        """
+        if self.state.algorithms or self._closed:
+            return False
+        callbacks, destinations = self.state.callbacks, self._destinations
+        if (
+            callbacks is not self._callbacks_seen
+            or len(callbacks) != self._callbacks_len
+            or len(destinations) != self._destinations_len
+        ):
+            self._rebuild_listeners()
+        quiet = self._quiet.get(events)
+        if quiet is None:
+            quiet = self._quiet[events] = not any(event in self._listeners for event in events)
+        return quiet
+
     def _rebuild_listeners(self) -> None:
         self._callbacks_seen = self.state.callbacks
         self._callbacks_len = len(self._callbacks_seen)
         self._destinations = getattr(self.logger, "destinations", ())
         self._destinations_len = len(self._destinations)
         self._listeners = _listener_table(self._all_callbacks())
+        self._quiet: dict[tuple[Event, ...], bool] = {}
 
     def _all_callbacks(self) -> list[Callback]:
         destinations = getattr(self.logger, "destinations", ())

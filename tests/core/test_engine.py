@@ -484,3 +484,29 @@ def test_marker_only_event_runs_nothing_and_records_a_time():
     assert list(engine.markers) == [Event.AFTER_DATALOADER]
     assert type(engine.markers[Event.AFTER_DATALOADER]) is float
     assert list(engine.trace_log) == []
+
+
+def test_is_quiet_follows_algorithms_and_listeners():
+    from composerjax.core.algorithm import Algorithm as _Algorithm
+
+    state = State(model=None)
+    engine = Engine(state, Logger(state))
+    events = (Event.BATCH_START, Event.BATCH_END)
+    assert engine.is_quiet(events)
+
+    class Listens(Callback):
+        def batch_end(self, state, logger):
+            pass
+
+    state.callbacks.append(Listens())
+    assert not engine.is_quiet(events)
+    assert engine.is_quiet((Event.BATCH_START,))
+    state.callbacks.clear()
+    assert engine.is_quiet(events)
+
+    class Never(_Algorithm):
+        def match(self, event, state):
+            return False
+
+    state.algorithms.append(Never())
+    assert not engine.is_quiet(events)  # algorithms are matched at every event
