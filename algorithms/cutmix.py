@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from composerjax import Algorithm, Event, Logger, State
+from composerjax.algorithms.mixup import loss_with_targets, num_classes_of
 
 __all__ = ["CutMix", "box_mask", "cutmix_batch", "cutmix_box", "cutmix_sample", "cutmix_targets"]
 
@@ -262,7 +263,7 @@ class CutMix(Algorithm):
                 box = mask.reshape((1, *mask.shape) + (1,) * (targets.ndim - 3))
                 state.batch_set_item(self.target_key, jnp.where(box, targets[indices], targets))
                 return
-            num_classes = _num_classes(state.outputs, self.num_classes)
+            num_classes = num_classes_of(state.outputs, self.num_classes)
             if isinstance(state.outputs, jax.Array) and targets.ndim == state.outputs.ndim:
                 targets = targets.astype(jnp.float32)  # dense targets, whatever their dtype
             state.batch_set_item(self.target_key, cutmix_targets(targets, adjusted_lambda, indices, num_classes))
@@ -270,35 +271,10 @@ class CutMix(Algorithm):
             if spatial:
                 raise ValueError("CutMix(interpolate_loss=True) cannot interpolate the loss of targets with the "
                                  f"images' height and width (shape {targets.shape}); use interpolate_loss=False")
-            permuted_loss = _loss_with_targets(state, self.target_key, targets[indices])
+            permuted_loss = loss_with_targets(state, self.target_key, targets[indices], "CutMix")
             state.loss = adjusted_lambda * state.loss + (1.0 - adjusted_lambda) * permuted_loss
 
     def __repr__(self) -> str:
         return (f"CutMix(alpha={self.alpha}, interpolate_loss={self.interpolate_loss}, "
                 f"uniform_sampling={self.uniform_sampling}, input_key={self.input_key!r}, "
                 f"target_key={self.target_key!r}, num_classes={self.num_classes!r})")
-
-
-def _num_classes(outputs: object, num_classes: int | None) -> int | None:
-    """The number of classes: the logits' last dimension, checked against ``num_classes`` if both exist."""
-    if isinstance(outputs, jax.Array):
-        found = outputs.shape[-1]
-        if num_classes is not None and num_classes != found:
-            raise ValueError(f"num_classes={num_classes}, but the model's outputs have {found} classes "
-                             f"(shape {outputs.shape})")
-        return found
-    return num_classes
-
-
-def _loss_with_targets(state: State, target_key: int | str, targets: jax.Array) -> jax.Array:
-    """The model's loss on ``state.outputs`` against the batch with its targets replaced by ``targets``."""
-    loss_fn = getattr(state.model, "loss", None)
-    if state.outputs is None or not callable(loss_fn):
-        raise TypeError(
-            "CutMix(interpolate_loss=True) needs a ComposerModel (such as ComposerClassifier) whose "
-            "loss(outputs, batch) it can call again; with a plain module and loss_fn use interpolate_loss=False"
-        )
-    batch = state.batch
-    state.batch_set_item(target_key, targets)
-    permuted_batch, state.batch = state.batch, batch
-    return jnp.asarray(loss_fn(state.outputs, permuted_batch), jnp.float32)

@@ -187,12 +187,12 @@ class MixUp(Algorithm):
         mixing, indices = getattr(state, self._stash)
         targets = state.batch_get_item(self.target_key)
         if event == Event.BEFORE_LOSS:
-            num_classes = _num_classes(state.outputs, self.num_classes)
+            num_classes = num_classes_of(state.outputs, self.num_classes)
             if isinstance(state.outputs, jax.Array) and targets.ndim == state.outputs.ndim:
                 targets = targets.astype(jnp.float32)  # dense targets, whatever their dtype
             state.batch_set_item(self.target_key, mixup_targets(targets, mixing, indices, num_classes))
         elif event == Event.BEFORE_BACKWARD:
-            permuted_loss = _loss_with_targets(state, self.target_key, targets[indices], "MixUp")
+            permuted_loss = loss_with_targets(state, self.target_key, targets[indices], "MixUp")
             state.loss = mixing * state.loss + (1.0 - mixing) * permuted_loss
 
     def __repr__(self) -> str:
@@ -200,7 +200,7 @@ class MixUp(Algorithm):
                 f"target_key={self.target_key!r}, num_classes={self.num_classes!r})")
 
 
-def _num_classes(outputs: object, num_classes: int | None) -> int | None:
+def num_classes_of(outputs: object, num_classes: int | None) -> int | None:
     """The number of classes: the logits' last dimension, checked against ``num_classes`` if both exist."""
     if isinstance(outputs, jax.Array):
         found = outputs.shape[-1]
@@ -211,7 +211,7 @@ def _num_classes(outputs: object, num_classes: int | None) -> int | None:
     return num_classes
 
 
-def _loss_with_targets(state: State, target_key: int | str, targets: jax.Array, algorithm: str) -> jax.Array:
+def loss_with_targets(state: State, target_key: int | str, targets: jax.Array, algorithm: str) -> jax.Array:
     """The model's loss on ``state.outputs`` against the batch with its targets replaced by ``targets``."""
     loss_fn = getattr(state.model, "loss", None)
     if state.outputs is None or not callable(loss_fn):
