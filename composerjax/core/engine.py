@@ -105,7 +105,7 @@ class Engine:
             self._run_callbacks(event, state)
             return self._run_algorithms(event, state)
         traces = self._run_algorithms(event, state) if state.algorithms else OrderedDict()
-        # Inlined _listeners_for: this runs for every host event of every batch.
+        # _refresh_listeners inlined: this runs for every host event of every batch.
         callbacks, destinations = state.callbacks, self._destinations
         if (
             callbacks is not self._callbacks_seen
@@ -158,7 +158,11 @@ class Engine:
             listener(state, self.logger)
 
     def _listeners_for(self, event: Event) -> tuple[Callable[[State, Any], None], ...]:
-        # Rebuilt only when a callback list is replaced or changes length: a few pointer compares per event.
+        self._refresh_listeners()
+        return self._listeners.get(event, ())
+
+    def _refresh_listeners(self) -> None:
+        """Rebuild the listener table when a callback list was replaced or changed length."""
         callbacks, destinations = self.state.callbacks, self._destinations
         if (
             callbacks is not self._callbacks_seen
@@ -166,7 +170,6 @@ class Engine:
             or len(destinations) != self._destinations_len
         ):
             self._rebuild_listeners()
-        return self._listeners.get(event, ())
 
     def is_quiet(self, events: tuple[Event, ...]) -> bool:
         """Whether running ``events`` now would do nothing: no algorithms, no callback listens to them.
@@ -176,13 +179,7 @@ class Engine:
         """
         if self.state.algorithms or self._closed:
             return False
-        callbacks, destinations = self.state.callbacks, self._destinations
-        if (
-            callbacks is not self._callbacks_seen
-            or len(callbacks) != self._callbacks_len
-            or len(destinations) != self._destinations_len
-        ):
-            self._rebuild_listeners()
+        self._refresh_listeners()
         quiet = self._quiet.get(events)
         if quiet is None:
             quiet = self._quiet[events] = not any(event in self._listeners for event in events)
