@@ -79,7 +79,7 @@ def make_trainer(kind: str, data: tuple[np.ndarray, np.ndarray], algorithms: lis
         model = ComposerClassifier(TinyGPT(dim=64, depth=2, num_heads=4, max_length=64, rngs=nnx.Rngs(0)), 256)
         batch_size = 32
     return Trainer(model, ArrayLoader(data, batch_size, seed=0), f"{total}ba", optax.adam(1e-3),
-                   algorithms=algorithms, progress_bar=False)
+                   algorithms=algorithms, progress_bar=False, run_summary=False)
 
 
 def timed_fit(trainer: Trainer, batches: int) -> float:

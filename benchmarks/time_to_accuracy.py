@@ -39,7 +39,8 @@ def accuracy_curve(seed: int, algorithms: list[Any], epochs: int) -> list[tuple[
     (x_train, y_train), (x_test, y_test) = load_digits_split(seed=seed)
     trainer = Trainer(ComposerClassifier(SmallCNN(num_classes=10, rngs=nnx.Rngs(seed)), 10),
                       ArrayLoader((x_train, y_train), batch_size=32, seed=seed), f"{epochs}ep",
-                      optax.adam(3e-3), algorithms=algorithms, progress_bar=False, seed=seed)
+                      optax.adam(3e-3), algorithms=algorithms, progress_bar=False, seed=seed,
+                      run_summary=False)
     test = ArrayLoader((x_test, y_test), batch_size=99, shuffle=False)
     curve, seconds = [], 0.0
     for _ in range(epochs):
