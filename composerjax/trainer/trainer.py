@@ -94,6 +94,9 @@ class Trainer:
         algorithm_passes: extra engine passes.
         devices: the devices of the mesh (all local devices by default).
         parallelism: 'auto' (data parallel over all devices) or 'ddp'.
+        tokens_per_batch: ``fn(batch) -> int`` counting the tokens of a host batch (e.g.
+            ``lambda batch: batch[0].size`` for token ids), so ``timestamp.token``, token
+            throughput and ``'tok'`` durations work; tokens are not counted without it.
         run_dir: the run folder for files callbacks and loggers write (traces, profiles, logs);
             ``runs/<run_name>`` by default. Created by whoever writes first.
         run_summary: log (``log_hyperparameters``) and print a run summary at the first FIT_START
@@ -141,6 +144,7 @@ class Trainer:
         parallelism: str = "auto",
         run_summary: bool = True,
         run_dir: str | None = None,
+        tokens_per_batch: Callable[[Any], int] | None = None,
     ) -> None:
         if not isinstance(model, nnx.Module):
             raise TypeError(f"model is a {type(model).__name__}; expected a flax nnx.Module")
@@ -198,6 +202,9 @@ class Trainer:
         self.parallelism = parallelism
         self.microbatch_size = device_train_microbatch_size
         self.run_summary = run_summary
+        if tokens_per_batch is not None and not callable(tokens_per_batch):
+            raise TypeError(f"tokens_per_batch={tokens_per_batch!r}: expected a callable fn(batch) -> int or None")
+        self.tokens_per_batch = tokens_per_batch
         self._summarized = False
         self._pending: list[tuple[int, Any, Any]] = []
         self._multi_process = jax.process_count() > 1
@@ -337,6 +344,7 @@ class Trainer:
         eval_every_batches = self._eval_every(TimeUnit.BATCH)
         eval_every_epochs = self._eval_every(TimeUnit.EPOCH)
         train_batch = self._train_batch
+        count_tokens = self.tokens_per_batch
         perf_counter = time.perf_counter
         while not self._done():
             if state.timestamp.batch_in_epoch == 0:
@@ -356,8 +364,9 @@ class Trainer:
                     run_event(Event.AFTER_DATALOADER)
                     run_event(Event.BATCH_START)
                 start = perf_counter()
+                tokens = count_tokens(state.batch) if count_tokens is not None else 0
                 samples = train_batch()
-                timestamp = state.timestamp = state.timestamp.to_next_batch(samples, 0, perf_counter() - start)
+                timestamp = state.timestamp = state.timestamp.to_next_batch(samples, tokens, perf_counter() - start)
                 if not quiet:
                     run_event(Event.BATCH_END)
                     run_event(Event.BATCH_CHECKPOINT)

@@ -56,3 +56,18 @@ def test_params_swapped_on_host_events_reach_eval_and_come_back(classification_a
     for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(after)):
         np.testing.assert_array_equal(a, b)
     np.testing.assert_array_equal(np.asarray(trainer.state.model.module.kernel[...]), after["module"]["kernel"])
+
+
+def test_tokens_per_batch_counts_tokens_and_token_durations_stop_exactly():
+    tokens = np.random.default_rng(0).integers(0, 16, size=(32, 8)).astype(np.int32)
+    targets = np.roll(tokens, -1, axis=1)
+    model = nnx.Sequential(nnx.Embed(16, 8, rngs=nnx.Rngs(0)), nnx.Linear(8, 16, rngs=nnx.Rngs(1)))
+    loss = lambda m, b: optax.softmax_cross_entropy_with_integer_labels(m(b[0]), b[1]).mean()
+    trainer = Trainer(model, ArrayLoader((tokens, targets), 4, shuffle=False), "160tok", optax.sgd(0.1),
+                      loss_fn=loss, tokens_per_batch=lambda batch: batch[0].size, progress_bar=False,
+                      run_summary=False)
+    trainer.fit()
+    assert trainer.state.timestamp.batch == 5  # 32 tokens per batch
+    assert trainer.state.timestamp.token == 160
+    with pytest.raises(TypeError, match="tokens_per_batch=3"):
+        Trainer(model, ArrayLoader((tokens, targets), 4), "1ba", loss_fn=loss, tokens_per_batch=3)
