@@ -35,6 +35,7 @@ from composerjax.parallel.sharding import (
 from composerjax.step.builder import StepBuilder, add_metric_sums, split_model
 from composerjax.step.keys import KeyCodec
 from composerjax.step.precision import compute_dtype
+from composerjax.trainer.checkpoint import Checkpointer
 from composerjax.trainer.summary import (
     CompiledStep,
     cost_of,
@@ -94,6 +95,11 @@ class Trainer:
         algorithm_passes: extra engine passes.
         devices: the devices of the mesh (all local devices by default).
         parallelism: 'auto' (data parallel over all devices) or 'ddp'.
+        save_folder: save checkpoints (orbax, async) into this folder; none when None.
+        save_interval: how often to save: ``'1ep'``, ``'500ba'``.
+        save_num_checkpoints_to_keep: keep the newest N checkpoints (-1 keeps all).
+        load_path: a checkpoint folder (a ``save_folder``) whose newest checkpoint to load at start.
+        autoresume: continue from the newest checkpoint in ``save_folder`` if there is one.
         tokens_per_batch: ``fn(batch) -> int`` counting the tokens of a host batch (e.g.
             ``lambda batch: batch[0].size`` for token ids), so ``timestamp.token``, token
             throughput and ``'tok'`` durations work; tokens are not counted without it.
@@ -145,6 +151,11 @@ class Trainer:
         run_summary: bool = True,
         run_dir: str | None = None,
         tokens_per_batch: Callable[[Any], int] | None = None,
+        save_folder: str | None = None,
+        save_interval: Time | str = "1ep",
+        save_num_checkpoints_to_keep: int = -1,
+        load_path: str | None = None,
+        autoresume: bool = False,
     ) -> None:
         if not isinstance(model, nnx.Module):
             raise TypeError(f"model is a {type(model).__name__}; expected a flax nnx.Module")
@@ -211,6 +222,21 @@ class Trainer:
 
         self.engine.run_event(Event.INIT)
         self._build_device_state()
+        # Loading comes after INIT: surgery has already reshaped the model the weights must fit.
+        self.checkpointer = None
+        if save_folder is not None:
+            keep = None if save_num_checkpoints_to_keep == -1 else save_num_checkpoints_to_keep
+            self.checkpointer = Checkpointer(save_folder, save_interval, keep)
+        if autoresume and self.checkpointer is None:
+            raise ValueError("autoresume=True needs save_folder: the folder to resume from")
+        if autoresume and self.checkpointer.latest() is not None:
+            self.checkpointer.restore(self.state)
+        elif load_path is not None:
+            if not os.path.isdir(load_path):
+                raise FileNotFoundError(f"load_path={load_path!r} does not exist; expected a folder of checkpoints")
+            loader = Checkpointer(load_path)
+            loader.restore(self.state)
+            loader.close()
 
     # -- device state ----------------------------------------------------------------------------
     def _build_device_state(self) -> None:
@@ -326,6 +352,8 @@ class Trainer:
         # (once per fit, not per step), so the caller's own handle on the model stays usable.
         if state._model_stale:
             self._sync_model()
+        if self.checkpointer is not None:
+            self.checkpointer.wait()
         self.engine.run_event(Event.FIT_END)
 
     def _set_total_steps(self) -> None:
@@ -345,6 +373,7 @@ class Trainer:
         eval_every_epochs = self._eval_every(TimeUnit.EPOCH)
         train_batch = self._train_batch
         count_tokens = self.tokens_per_batch
+        checkpointer = self.checkpointer
         perf_counter = time.perf_counter
         while not self._done():
             if state.timestamp.batch_in_epoch == 0:
@@ -370,6 +399,8 @@ class Trainer:
                 if not quiet:
                     run_event(Event.BATCH_END)
                     run_event(Event.BATCH_CHECKPOINT)
+                if checkpointer is not None and checkpointer.due(state, TimeUnit.BATCH):
+                    checkpointer.save(state)
                 if eval_every_batches and timestamp.batch % eval_every_batches == 0:
                     self._eval_during_fit()
                 if timestamp.batch_in_epoch == state.dataloader_len:
@@ -384,6 +415,8 @@ class Trainer:
                 state.timestamp = state.timestamp.to_next_epoch()
                 run_event(Event.EPOCH_END)
                 run_event(Event.EPOCH_CHECKPOINT)
+                if checkpointer is not None and checkpointer.due(state, TimeUnit.EPOCH):
+                    checkpointer.save(state)
                 if eval_every_epochs and state.timestamp.epoch % eval_every_epochs == 0:
                     self._eval_during_fit()
 
@@ -558,6 +591,8 @@ class Trainer:
         """Flush pending logs and close every callback and logger destination."""
         if not self.engine.closed:
             self._flush_logs()
+        if self.checkpointer is not None:
+            self.checkpointer.close()
         self.engine.close()
 
     @property
