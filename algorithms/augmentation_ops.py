@@ -27,6 +27,7 @@ from jax.scipy.ndimage import map_coordinates
 
 __all__ = [
     "AUGMENTATION_SETS",
+    "check_augmentation_arguments",
     "DRAWS_PER_AUGMENTATION",
     "MAX_SEVERITY",
     "Augmentation",
@@ -404,6 +405,16 @@ def batch_key(step_rng: jax.Array, name: str, images: jax.Array) -> jax.Array:
     # Position-weighted, so that reordered images give another checksum (uint32 wraps around).
     checksum = jnp.sum(words * jnp.arange(1, words.size + 1, dtype=jnp.uint32))
     return jax.random.fold_in(key, checksum)
+
+
+def check_augmentation_arguments(augmentation_set: str, input_key: int | str) -> tuple[str, int | str]:
+    """Validate the ``augmentation_set`` and ``input_key`` arguments shared by RandAugment and AugMix."""
+    if not isinstance(augmentation_set, str):
+        raise ValueError(f"augmentation_set={augmentation_set!r}: expected one of 'all', 'safe', 'original'")
+    resolve_augmentation_set(augmentation_set)
+    if isinstance(input_key, bool) or not isinstance(input_key, (int, str)):
+        raise ValueError(f"input_key={input_key!r}: expected an int index or a str key into the batch")
+    return augmentation_set, input_key
 
 
 def check_severity(severity: float) -> float:

@@ -22,6 +22,7 @@ from .augmentation_ops import (
     Augmentation,
     apply_random_augmentation,
     batch_key,
+    check_augmentation_arguments,
     check_severity,
     resolve_augmentation_set,
 )
@@ -194,13 +195,7 @@ class AugMix(Algorithm):
                  augmentation_set: str = "all", input_key: int | str = 0) -> None:
         self.severity = check_severity(severity)
         self.depth, self.width, self.alpha = _check_arguments(depth, width, alpha)
-        if not isinstance(augmentation_set, str):
-            raise ValueError(f"augmentation_set={augmentation_set!r}: expected one of 'all', 'safe', 'original'")
-        resolve_augmentation_set(augmentation_set)
-        self.augmentation_set = augmentation_set
-        if isinstance(input_key, bool) or not isinstance(input_key, (int, str)):
-            raise ValueError(f"input_key={input_key!r}: expected an int index or a str key into the batch")
-        self.input_key = input_key
+        self.augmentation_set, self.input_key = check_augmentation_arguments(augmentation_set, input_key)
 
     def match(self, event: Event, state: State) -> bool:
         return event == Event.BEFORE_FORWARD
