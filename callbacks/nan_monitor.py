@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any
 
 import jax
@@ -41,10 +42,10 @@ class NonFiniteLossError(FloatingPointError):
 
 
 class _LoggedFlags(LoggerDestination):
-    """Receives the trainer's logged rows and keeps the first one whose flag is set."""
+    """Receives the trainer's logged rows and keeps those whose flag is set."""
 
     def __init__(self) -> None:
-        self.first: tuple[int, float] | None = None
+        self.flagged: list[tuple[int, float]] = []
         self.last_step = 0
 
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
@@ -52,8 +53,8 @@ class _LoggedFlags(LoggerDestination):
         if flag is None or step is None:
             return
         self.last_step = max(self.last_step, step)
-        if flag > 0 and self.first is None:
-            self.first = (step, metrics.get("loss/train/total", math.nan))
+        if flag > 0:
+            self.flagged.append((step, metrics.get("loss/train/total", math.nan)))
 
 
 class NaNMonitor(Callback):
@@ -73,9 +74,15 @@ class NaNMonitor(Callback):
     The error names the first bad batch, the loss value, and the algorithms compiled into the step
     that ran it (from ``state.compiled_steps``).
 
+    With ``policy='skip'`` the monitor does not raise: it turns on the compiled step's
+    non-finite guard (``Trainer(skip_nonfinite_updates=True)``), so a step whose loss or gradients
+    are NaN or infinite leaves parameters, optimizer and algorithm state unchanged, and it records
+    the skipped batches in ``skipped`` (with one warning the first time).
+
     Args:
         check_interval: None to follow the trainer's logging cadence, or how many batches' flags to
             fetch together.
+        policy: ``'raise'`` (default) or ``'skip'``.
 
     Example::
 
@@ -86,7 +93,11 @@ class NaNMonitor(Callback):
             print(error.batch, error.loss, error.algorithms)
     """
 
-    def __init__(self, check_interval: int | None = None) -> None:
+    def __init__(self, check_interval: int | None = None, policy: str = "raise") -> None:
+        if policy not in ("raise", "skip"):
+            raise ValueError(f"NaNMonitor(policy={policy!r}): expected 'raise' or 'skip'")
+        self.policy = policy
+        self.skipped: list[int] = []
         if check_interval is not None and (
             isinstance(check_interval, bool) or not isinstance(check_interval, int) or check_interval < 1
         ):
@@ -97,6 +108,10 @@ class NaNMonitor(Callback):
         # check_interval=N: (batch, flag, variant, loss) device arrays; None: batch -> variant.
         self._pending: list[tuple[int, Any, Any, Any]] = []
         self._variants: dict[int, Any] = {}
+
+    def init(self, state: State, logger: Logger) -> None:
+        if self.policy == "skip":  # before the step is built: the guard is compiled in
+            state.skip_nonfinite_updates = True
 
     # -- inside the compiled step ----------------------------------------------------------------
     def after_loss(self, state: State, logger: Logger) -> None:
@@ -136,9 +151,8 @@ class NaNMonitor(Callback):
             self._check_pending(state, len(self._pending))
 
     def _check_logged(self, state: State) -> None:
-        first = self._logged.first
-        if first is not None:
-            batch, loss = first
+        flagged, self._logged.flagged = self._logged.flagged, []
+        for batch, loss in flagged:
             self._raise(state, batch, loss, self._variants.get(batch))
         for batch in [b for b in self._variants if b <= self._logged.last_step]:
             del self._variants[batch]
@@ -153,6 +167,12 @@ class NaNMonitor(Callback):
                 self._raise(state, batch, float(jax.device_get(loss)), variant)
 
     def _raise(self, state: State, batch: int, loss: float, variant: Any) -> None:
+        if self.policy == "skip":
+            if not self.skipped:
+                warnings.warn(f"NaNMonitor: the loss is {loss} at batch {batch}; that step's update was skipped "
+                              "(policy='skip'). Later skips are recorded in NaNMonitor.skipped.", stacklevel=2)
+            self.skipped.append(batch)
+            return
         algorithms = None
         if variant is not None:
             index = int(jax.device_get(variant))
@@ -161,5 +181,5 @@ class NaNMonitor(Callback):
                 algorithms = tuple(records[index].algorithms)
         self._pending.clear()
         self._variants.clear()
-        self._logged.first = None
+        self._logged.flagged = []
         raise NonFiniteLossError(batch, loss, algorithms)

@@ -23,7 +23,7 @@ from composerjax.core import (
 from composerjax.data import ArrayLoader
 from composerjax.loggers import Logger, LoggerDestination
 from composerjax.models import ComposerClassifier, ComposerModel
-from composerjax.trainer import Trainer
+from composerjax.trainer import BatchError, CheckpointMismatchError, Trainer, TrainingInterrupted
 
 __version__ = "0.1.0"
 
@@ -32,7 +32,9 @@ __all__ = [
     "Algorithm",
     "AlgorithmPass",
     "ArrayLoader",
+    "BatchError",
     "Callback",
+    "CheckpointMismatchError",
     "ComposerClassifier",
     "ComposerModel",
     "Engine",
@@ -46,4 +48,5 @@ __all__ = [
     "Timestamp",
     "Trace",
     "Trainer",
+    "TrainingInterrupted",
 ]

@@ -81,6 +81,8 @@ class State:
         self.metrics: dict[str, Any] = {}
         self.train_state: dict[str, Any] | None = None
         self.compile_count = 0
+        # Set by Trainer(skip_nonfinite_updates=True) or NaNMonitor(policy='skip') before the step compiles.
+        self.skip_nonfinite_updates = False
         #: One record (``composerjax.trainer.summary.CompiledStep``) per compiled step variant.
         self.compiled_steps: list[Any] = []
         #: The run summary logged at the first FIT_START (parameters, FLOPs per step, ...).
@@ -257,6 +259,7 @@ class State:
             "dataloader": dataloader_state,
             "algorithms": [a.state_dict() for a in self.algorithms],
             "callbacks": [c.state_dict() for c in self.callbacks],
+            "callback_names": _instance_names(self.callbacks),
             "run_name": self.run_name,
         }
 
@@ -269,15 +272,24 @@ class State:
         self.timestamp = Timestamp.from_state_dict(state_dict["timestamp"])
         if state_dict.get("dataloader") is not None and hasattr(self.dataloader, "load_state_dict"):
             self.dataloader.load_state_dict(state_dict["dataloader"])
-        for plugins, saved, field in (
-            (self.algorithms, state_dict.get("algorithms", []), "algorithms"),
-            (self.callbacks, state_dict.get("callbacks", []), "callbacks"),
-        ):
-            if len(saved) != len(plugins):
-                raise ValueError(f"load_state_dict: {field} has {len(saved)} saved entries but the run has "
-                                 f"{len(plugins)}")
-            for plugin, plugin_state in zip(plugins, saved):
-                plugin.load_state_dict(plugin_state)
+        saved = state_dict.get("algorithms", [])
+        if len(saved) != len(self.algorithms):
+            raise ValueError(f"load_state_dict: algorithms has {len(saved)} saved entries but the run has "
+                             f"{len(self.algorithms)}")
+        for plugin, plugin_state in zip(self.algorithms, saved):
+            plugin.load_state_dict(plugin_state)
+        # Callbacks may come and go between runs (a profiler added on restart): match them by class.
+        saved = state_dict.get("callbacks", [])
+        names = state_dict.get("callback_names")
+        if names is None:
+            if len(saved) != len(self.callbacks):
+                raise ValueError(f"load_state_dict: callbacks has {len(saved)} saved entries but the run has "
+                                 f"{len(self.callbacks)}")
+            names = _instance_names(self.callbacks)
+        by_name = dict(zip(names, saved))
+        for name, callback in zip(_instance_names(self.callbacks), self.callbacks):
+            if name in by_name:
+                callback.load_state_dict(by_name[name])
         self.run_name = state_dict.get("run_name", self.run_name)
 
     def _check_structure(self, train_state: Any) -> None:
@@ -293,6 +305,17 @@ class State:
             if np.shape(a) != np.shape(b):
                 raise ValueError(f"load_state_dict: train_state{jax.tree_util.keystr(path_a[0])} has shape "
                                  f"{np.shape(b)}, expected {np.shape(a)}")
+
+
+def _instance_names(plugins: list[Any]) -> list[str]:
+    """``['SpeedMonitor', 'LRMonitor', 'SpeedMonitor#1']``: class names, numbered from the second instance."""
+    seen: dict[str, int] = {}
+    names = []
+    for plugin in plugins:
+        name = type(plugin).__name__
+        names.append(f"{name}#{seen[name]}" if name in seen else name)
+        seen[name] = seen.get(name, 0) + 1
+    return names
 
 
 def _place_like(values: Any, like: Any, copy: bool = False) -> Any:

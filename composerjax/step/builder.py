@@ -237,12 +237,23 @@ class StepBuilder:
             view.model = self._merge(graphdef, params, rest)
             run(plan, Event.AFTER_TRAIN_BATCH, view)
             params, rest = self._split(view.model)
+            algorithm_state = dict(view.algorithm_state)
+            if host_state.skip_nonfinite_updates:
+                # A NaN/Inf loss or gradient leaves every trained value as it was; the batch still counts.
+                finite = jnp.isfinite(view.loss) & jnp.all(
+                    jnp.stack([jnp.all(jnp.isfinite(g)) for g in jax.tree.leaves(grads)] or [jnp.bool_(True)]))
+                keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)  # noqa: E731
+                params = keep(params, train_state["params"])
+                rest = keep(rest, train_state["rest"])
+                opt_state = keep(opt_state, train_state["opt_state"])
+                algorithm_state = keep(algorithm_state, train_state["algorithm_state"])
+                view.step_metrics["skipped_nonfinite"] = jnp.logical_not(finite).astype(jnp.float32)
             new_state = {
                 **train_state,
                 "params": params,
                 "rest": rest,
                 "opt_state": opt_state,
-                "algorithm_state": dict(view.algorithm_state),
+                "algorithm_state": algorithm_state,
                 "clock": clock.at[0].add(1),
             }
             return new_state, view.loss, dict(view.step_metrics)

@@ -1,4 +1,4 @@
-"""Checkpoints on orbax's CheckpointManager: async saves at an interval, restore, autoresume."""
+"""Checkpoints on orbax's CheckpointManager: async saves at an interval, validated restore, autoresume."""
 
 from __future__ import annotations
 
@@ -13,41 +13,91 @@ import orbax.checkpoint as ocp
 from composerjax.core.state import State
 from composerjax.core.time import Time, TimeUnit
 
-__all__ = ["Checkpointer"]
+__all__ = ["Checkpointer", "CheckpointMismatchError"]
+
+# The train state's device arrays, split so that a weights-only checkpoint is the first item alone.
+_MODEL_KEYS = ("params", "rest")
+_TRAIN_KEYS = ("opt_state", "algorithm_state", "clock")
+# What each train-state group is called in error messages.
+_GROUP_NAMES = {
+    "params": "model parameters",
+    "rest": "model state (batch statistics, rng counters)",
+    "opt_state": "optimizer state",
+    "algorithm_state": "algorithm state",
+    "clock": "step clock",
+}
+
+
+class CheckpointMismatchError(ValueError):
+    """A checkpoint does not fit the model, optimizer or algorithms of the run that loads it."""
 
 
 class Checkpointer:
     """Save ``State.state_dict()`` every ``interval`` into ``folder`` and restore it.
 
-    Device arrays (the train state) are saved by orbax asynchronously; everything on the host
-    (timestamp, data-loader position, rng, algorithm and callback state) goes into a JSON item of
-    the same checkpoint. orbax writes each step to a temporary folder and renames it when complete,
-    so a half-written checkpoint is never listed and the previous one stays loadable.
+    Each checkpoint is one orbax ``Composite`` in ``folder/<batch index>/`` with four items:
+
+    * ``model``: parameters and the rest of the model's variables (device arrays, saved async);
+    * ``train``: optimizer state, algorithm state (EMA/SWA averages...) and the step clock;
+    * ``host`` (JSON): rng, timestamp, data-loader position, algorithm and callback ``state_dict``s;
+    * ``hparams`` (JSON): the run's hyperparameters, for people and tools reading the folder.
+
+    A weights-only checkpoint holds ``model``, ``host`` (the timestamp only) and ``hparams``.
+    orbax writes each checkpoint into a temporary folder and renames it when every item is on
+    disk, so a half-written checkpoint is never listed and the previous one stays loadable whatever
+    happens to the process writing the next one.
+
+    Before anything is read, :meth:`restore` compares the saved arrays (names, shapes) with the
+    run's and raises :class:`CheckpointMismatchError` listing every difference.
 
     Args:
         folder: where checkpoints go (one sub-folder per saved batch index).
         interval: a Time in 'ep' or 'ba' (``'1ep'``, ``'500ba'``).
         keep: how many checkpoints to keep (None keeps all).
+        weights_only: save only the model's variables (no optimizer, algorithm or host state).
+        async_save: write in a background thread while training goes on.
 
-    Example::
-
-        trainer = Trainer(..., save_folder="runs/x/checkpoints", save_interval="1ep", autoresume=True)
+    Example:
+        >>> import tempfile
+        >>> checkpointer = Checkpointer(tempfile.mkdtemp(), interval="2ba", keep=3)
+        >>> checkpointer.latest() is None
+        True
+        >>> checkpointer.close()
     """
 
-    def __init__(self, folder: str, interval: Time | str = "1ep", keep: int | None = None) -> None:
-        interval = Time.from_input(interval, TimeUnit.EPOCH) if not isinstance(interval, Time) else interval
+    def __init__(
+        self,
+        folder: str,
+        interval: Time | str = "1ep",
+        keep: int | None = None,
+        weights_only: bool = False,
+        async_save: bool = True,
+    ) -> None:
+        if not isinstance(interval, Time):
+            try:
+                interval = Time.from_input(interval, TimeUnit.EPOCH)
+            except ValueError as error:
+                raise ValueError(f"save_interval={interval!r}: {error}") from error
         if interval.unit not in (TimeUnit.EPOCH, TimeUnit.BATCH) or interval.value < 1:
             raise ValueError(f"save_interval={interval}: expected a positive number of epochs or batches, e.g. "
                              "'1ep' or '500ba'")
         if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 1):
             raise ValueError(f"save_num_checkpoints_to_keep={keep!r}: expected a positive integer, or -1 for all")
+        if os.path.exists(folder) and not os.path.isdir(folder):
+            raise ValueError(f"save_folder={folder!r} is a file; expected a folder (it is created if missing)")
         self.folder = os.path.abspath(folder)
         self.interval = interval
+        self.weights_only = bool(weights_only)
+        self.last_saved: int | None = None
         self.manager = ocp.CheckpointManager(
             self.folder,
-            options=ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=True),
+            options=ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=async_save),
+            # Handlers named up front: a manager that has not saved yet can still read metadata.
+            item_handlers={"model": ocp.StandardCheckpointHandler(), "train": ocp.StandardCheckpointHandler(),
+                           "host": ocp.JsonCheckpointHandler(), "hparams": ocp.JsonCheckpointHandler()},
         )
 
+    # -- saving ----------------------------------------------------------------------------------
     def due(self, state: State, event_unit: TimeUnit) -> bool:
         """Whether a checkpoint is due now, at the checkpoint event of ``event_unit`` ('ep' or 'ba')."""
         if self.interval.unit != event_unit:
@@ -55,34 +105,118 @@ class Checkpointer:
         counter = state.timestamp.epoch if event_unit == TimeUnit.EPOCH else state.timestamp.batch
         return counter > 0 and counter % int(self.interval.value) == 0
 
-    def save(self, state: State) -> int:
-        """Start an async save of ``state`` at its batch index; return that index."""
-        state_dict = state.state_dict()
+    def save(self, state: State, hparams: dict[str, Any] | None = None) -> int:
+        """Start an async save of ``state`` at its batch index and return that index.
+
+        A second save at the same batch index is skipped (the first one already holds it).
+        """
         step = state.timestamp.batch
-        host = {key: value for key, value in state_dict.items() if key != "train_state"}
-        host["rng"] = np.asarray(host["rng"]).tolist()
-        host = json.loads(json.dumps(host, default=_jsonable))
-        self.manager.save(step, args=ocp.args.Composite(
-            train_state=ocp.args.StandardSave(state_dict["train_state"]), host=ocp.args.JsonSave(host)))
+        if step == self.last_saved or step in self.manager.all_steps():
+            return step
+        if state.train_state is None:
+            raise RuntimeError("Checkpointer.save(): the device state is not built yet")
+        train_state = state.train_state
+        items: dict[str, Any] = {
+            "model": ocp.args.StandardSave({key: train_state[key] for key in _MODEL_KEYS}),
+            "hparams": ocp.args.JsonSave(_to_json(hparams or {})),
+        }
+        if self.weights_only:
+            host = {"weights_only": True, "timestamp": state.timestamp.state_dict(), "run_name": state.run_name}
+        else:
+            state_dict = state.state_dict()
+            host = {key: value for key, value in state_dict.items() if key != "train_state"}
+            host["weights_only"] = False
+            items["train"] = ocp.args.StandardSave({key: train_state[key] for key in _TRAIN_KEYS})
+        items["host"] = ocp.args.JsonSave(_to_json(host))
+        self.manager.save(step, args=ocp.args.Composite(**items))
+        self.last_saved = step
         return step
 
+    # -- reading ---------------------------------------------------------------------------------
     def latest(self) -> int | None:
         """The newest complete checkpoint's batch index, or None."""
+        self.manager.reload()
         return self.manager.latest_step()
 
-    def restore(self, state: State, step: int | None = None) -> int:
-        """Load checkpoint ``step`` (the newest by default) into ``state``, on its current shardings."""
-        step = self.latest() if step is None else step
-        if step is None:
-            raise FileNotFoundError(f"no checkpoint in {self.folder}")
-        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, state.train_state)
-        restored = self.manager.restore(step, args=ocp.args.Composite(
-            train_state=ocp.args.StandardRestore(abstract), host=ocp.args.JsonRestore()))
-        host = dict(restored["host"])
+    def read_host(self, step: int | None = None) -> dict[str, Any]:
+        """The JSON host item of checkpoint ``step`` (newest by default)."""
+        step = self._step(step)
+        return dict(self.manager.restore(step, args=ocp.args.Composite(host=ocp.args.JsonRestore()))["host"])
+
+    def read_hparams(self, step: int | None = None) -> dict[str, Any]:
+        """The hyperparameters saved with checkpoint ``step`` (newest by default).
+
+        Example::
+
+            Checkpointer("runs/x/checkpoints").read_hparams()["max_duration"]  # '10ep'
+        """
+        step = self._step(step)
+        return dict(self.manager.restore(step, args=ocp.args.Composite(hparams=ocp.args.JsonRestore()))["hparams"])
+
+    def restore(self, state: State, step: int | None = None, weights_only: bool = False,
+                field: str = "load_path") -> int:
+        """Load checkpoint ``step`` (the newest by default) into ``state``, on its current shardings.
+
+        Args:
+            state: the run to load into; its device state gives the expected names, shapes and
+                the target shardings (a checkpoint saved on 4 devices loads on 1, and back).
+            step: which checkpoint; the newest by default.
+            weights_only: load only the model's variables; time, optimizer and algorithm state stay.
+            field: the Trainer argument the folder came from, for error messages.
+
+        Raises:
+            FileNotFoundError: no checkpoint in the folder.
+            CheckpointMismatchError: the checkpoint does not fit (every difference is listed);
+                nothing in ``state`` has changed.
+        """
+        step = self._step(step, field)
+        host = self.read_host(step)
+        saved_weights_only = bool(host.get("weights_only", False))
+        if saved_weights_only and not weights_only:
+            raise CheckpointMismatchError(
+                f"{field}={self.folder!r}: checkpoint {step} holds weights only (saved with save_weights_only=True); "
+                "pass load_weights_only=True to load its weights, or point at a full checkpoint to resume")
+        current = state.train_state
+        metadata = self.manager.item_metadata(step)
+        items = ("model",) if weights_only else ("model", "train")
+        targets = {"model": {key: current[key] for key in _MODEL_KEYS},
+                   "train": {key: current[key] for key in _TRAIN_KEYS}}
+        problems = []
+        for item in items:
+            if metadata.get(item) is None:
+                raise CheckpointMismatchError(
+                    f"{field}={self.folder!r}: checkpoint {step} has no '{item}' item; expected a checkpoint written "
+                    "by composerjax's Trainer(save_folder=...)")
+            problems += _compare(metadata[item], targets[item])
+        if problems:
+            more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""
+            shown = "\n  ".join(problems[:20]) + more
+            raise CheckpointMismatchError(
+                f"{field}={self.folder!r}: checkpoint {step} does not fit this run's model, optimizer or algorithms "
+                f"(saved vs expected):\n  {shown}")
+        args = {item: ocp.args.StandardRestore(jax.tree.map(_abstract, targets[item])) for item in items}
+        restored = self.manager.restore(step, args=ocp.args.Composite(**args))
+        if weights_only:
+            state.train_state = {**current, **_place(restored["model"], targets["model"])}
+            state._model_stale = True
+            return step
+        train_state = {**restored["model"], **restored["train"]}
+        host = {key: value for key, value in host.items() if key != "weights_only"}
         host["rng"] = np.asarray(host["rng"], np.uint32)
-        state.load_state_dict({**host, "train_state": restored["train_state"]})
+        state.load_state_dict({**host, "train_state": train_state})
         return step
 
+    def _step(self, step: int | None, field: str = "load_path") -> int:
+        if step is None:
+            step = self.latest()
+            if step is None:
+                raise FileNotFoundError(f"{field}={self.folder!r}: no complete checkpoint in this folder")
+        elif step not in self.manager.all_steps():
+            raise FileNotFoundError(f"{field}={self.folder!r}: no checkpoint {step}; there are "
+                                    f"{sorted(self.manager.all_steps())}")
+        return step
+
+    # -- lifetime --------------------------------------------------------------------------------
     def wait(self) -> None:
         """Block until every started save is on disk."""
         self.manager.wait_until_finished()
@@ -93,9 +227,65 @@ class Checkpointer:
         self.manager.close()
 
 
+def _abstract(value: Any) -> Any:
+    return ocp.utils.to_shape_dtype_struct(value) if isinstance(value, jax.Array) else value
+
+
+def _place(values: Any, like: Any) -> Any:
+    return jax.tree.map(lambda v, r: jax.device_put(v, r.sharding) if isinstance(r, jax.Array) else v, values, like)
+
+
+def _key_name(key: Any) -> str:
+    for attribute in ("key", "idx", "name"):
+        if hasattr(key, attribute):
+            return str(getattr(key, attribute))
+    return str(key)
+
+
+def _arrays_by_name(tree: Any) -> dict[str, tuple[tuple[int, ...], str]]:
+    """``{'params.layers.0.kernel': (shape, dtype)}`` for every array leaf, names as orbax writes them."""
+    is_meta = lambda x: hasattr(x, "shape") and hasattr(x, "dtype")  # noqa: E731
+    named = {}
+    for path, leaf in jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_meta)[0]:
+        if is_meta(leaf):
+            named[".".join(_key_name(key) for key in path)] = (tuple(leaf.shape), str(np.dtype(leaf.dtype)))
+    return named
+
+
+def _compare(metadata: Any, target: Any) -> list[str]:
+    """Every difference between a saved item's arrays and the run's: missing, extra, other shapes."""
+    saved = _arrays_by_name(getattr(metadata, "tree", metadata))
+    expected = _arrays_by_name(target)
+    problems = []
+    for group in dict.fromkeys(name.split(".")[0] for name in (*saved, *expected)):
+        label = _GROUP_NAMES.get(group, group)
+        saved_g = {n: v for n, v in saved.items() if n.split(".")[0] == group}
+        expected_g = {n: v for n, v in expected.items() if n.split(".")[0] == group}
+        missing = [n for n in expected_g if n not in saved_g]
+        extra = [n for n in saved_g if n not in expected_g]
+        if missing or extra:
+            problems.append(
+                f"{label}: the checkpoint has {len(saved_g)} arrays, this run has {len(expected_g)}"
+                + (f"; missing from the checkpoint: {', '.join(missing[:5])}" if missing else "")
+                + (f"; not in this run: {', '.join(extra[:5])}" if extra else ""))
+        for name in expected_g:
+            if name in saved_g and saved_g[name][0] != expected_g[name][0]:
+                problems.append(f"{label}: {name} saved with shape {saved_g[name][0]}, this run expects "
+                                f"{expected_g[name][0]}")
+    return problems
+
+
+def _to_json(value: Any) -> Any:
+    return json.loads(json.dumps(value, default=_jsonable))
+
+
 def _jsonable(value: Any) -> Any:
     if isinstance(value, np.generic):
         return value.item()
     if isinstance(value, (np.ndarray, jax.Array)):
         return np.asarray(value).tolist()
-    raise TypeError(f"checkpoint: {type(value).__name__} in a state_dict is not JSON-serialisable")
+    if isinstance(value, (Time, TimeUnit)):
+        return str(value)
+    if isinstance(value, (set, frozenset, tuple)):
+        return list(value)
+    raise TypeError(f"checkpoint: a {type(value).__name__} in a state_dict is not JSON-serialisable")

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -36,6 +38,7 @@ from composerjax.step.builder import StepBuilder, add_metric_sums, split_model
 from composerjax.step.keys import KeyCodec
 from composerjax.step.precision import compute_dtype
 from composerjax.trainer.checkpoint import Checkpointer
+from composerjax.trainer.interrupt import TrainingInterrupted, describe_batch, diagnose_batch, note_batch
 from composerjax.trainer.summary import (
     CompiledStep,
     cost_of,
@@ -45,7 +48,7 @@ from composerjax.trainer.summary import (
     parameter_summary,
 )
 
-__all__ = ["Trainer"]
+__all__ = ["Trainer", "TrainingInterrupted"]
 
 # The host events of every training batch.
 _BATCH_EVENTS = (Event.BEFORE_DATALOADER, Event.AFTER_DATALOADER, Event.BATCH_START, Event.BATCH_END,
@@ -98,8 +101,27 @@ class Trainer:
         save_folder: save checkpoints (orbax, async) into this folder; none when None.
         save_interval: how often to save: ``'1ep'``, ``'500ba'``.
         save_num_checkpoints_to_keep: keep the newest N checkpoints (-1 keeps all).
-        load_path: a checkpoint folder (a ``save_folder``) whose newest checkpoint to load at start.
-        autoresume: continue from the newest checkpoint in ``save_folder`` if there is one.
+        save_weights_only: save only the model's variables (for fine-tuning or serving; such a
+            checkpoint cannot resume a run).
+        load_path: load at start: a ``save_folder`` (its newest checkpoint) or one checkpoint's
+            folder inside it (``'runs/x/checkpoints/1200'``). Checked against the run first: a
+            checkpoint that does not fit the model, optimizer or algorithms raises
+            :class:`~composerjax.trainer.checkpoint.CheckpointMismatchError` listing every difference.
+        load_weights_only: from ``load_path`` take only the model's variables; time, optimizer
+            and algorithm state start fresh.
+        autoresume: continue from the newest complete checkpoint in ``save_folder`` if there is
+            one (then ``load_path`` is ignored), else start as usual.
+        time_limit: a wall-clock budget for this process's training, e.g. ``'2h30m'`` or
+            ``'45m'``: once it is spent, ``fit`` finishes the current step, saves a checkpoint
+            (with ``save_folder``) and returns with ``trainer.stop_reason == 'time_limit'``; a
+            new run with ``autoresume=True`` continues it.
+        skip_nonfinite_updates: inside the compiled step, leave parameters, optimizer, model and
+            algorithm state unchanged when the loss or any gradient is NaN or infinite (the
+            batch still counts); ``train/skipped_nonfinite`` is 1.0 for such steps.
+        handle_signals: during ``fit``, SIGTERM and SIGINT finish the current step, save a
+            checkpoint (with ``save_folder``), close callbacks and loggers and raise
+            :class:`TrainingInterrupted`, a ``SystemExit`` whose exit status is ``128 + signal``
+            (143 for SIGTERM, 130 for SIGINT). A second signal while stopping interrupts at once.
         tokens_per_batch: ``fn(batch) -> int`` counting the tokens of a host batch (e.g.
             ``lambda batch: batch[0].size`` for token ids), so ``timestamp.token``, token
             throughput and ``'tok'`` durations work; tokens are not counted without it.
@@ -154,8 +176,13 @@ class Trainer:
         save_folder: str | None = None,
         save_interval: Time | str = "1ep",
         save_num_checkpoints_to_keep: int = -1,
+        save_weights_only: bool = False,
         load_path: str | None = None,
+        load_weights_only: bool = False,
         autoresume: bool = False,
+        time_limit: Time | str | None = None,
+        skip_nonfinite_updates: bool = False,
+        handle_signals: bool = True,
     ) -> None:
         if not isinstance(model, nnx.Module):
             raise TypeError(f"model is a {type(model).__name__}; expected a flax nnx.Module")
@@ -173,6 +200,29 @@ class Trainer:
         if not isinstance(optimizer, optax.GradientTransformation):
             raise TypeError(f"optimizers is a {type(optimizer).__name__}; expected an optax GradientTransformation")
 
+        self.time_limit = _to_time_limit(time_limit)
+        for flag, value in (("save_weights_only", save_weights_only), ("load_weights_only", load_weights_only),
+                            ("autoresume", autoresume), ("skip_nonfinite_updates", skip_nonfinite_updates),
+                            ("handle_signals", handle_signals)):
+            if not isinstance(value, bool):
+                raise ValueError(f"{flag}={value!r}: expected True or False")
+        if load_path is not None and not isinstance(load_path, (str, os.PathLike)):
+            raise ValueError(f"load_path={load_path!r}: expected a folder path (str) or None")
+        if save_folder is not None and not isinstance(save_folder, (str, os.PathLike)):
+            raise ValueError(f"save_folder={save_folder!r}: expected a folder path (str) or None")
+        if autoresume and save_folder is None:
+            raise ValueError("autoresume=True needs save_folder: the folder to resume from")
+        if autoresume and save_weights_only:
+            raise ValueError("autoresume=True needs full checkpoints, but save_weights_only=True saves only the "
+                             "model's variables; drop one of them")
+        if isinstance(save_num_checkpoints_to_keep, bool) or not isinstance(save_num_checkpoints_to_keep, int) or (
+                save_num_checkpoints_to_keep < 1 and save_num_checkpoints_to_keep != -1):
+            raise ValueError(f"save_num_checkpoints_to_keep={save_num_checkpoints_to_keep!r}: expected a positive "
+                             "integer, or -1 to keep all")
+        if load_path is not None and not os.path.isdir(load_path):
+            raise FileNotFoundError(f"load_path={os.fspath(load_path)!r} does not exist; expected a save_folder or "
+                                    "one checkpoint folder inside it")
+        self._seed = seed
         self.loss_fn = loss_fn
         self.functions = model_functions(model, loss_fn)  # validated now, rebuilt after INIT
         self.mesh = build_mesh(devices)
@@ -219,24 +269,79 @@ class Trainer:
         self._summarized = False
         self._pending: list[tuple[int, Any, Any]] = []
         self._multi_process = jax.process_count() > 1
+        self.handle_signals = handle_signals
+        self.stop_reason: str | None = None
+        self.resumed_from: int | None = None
+        self._stop_signal: int | None = None
+        self._fit_started_at: float | None = None
+        self._batch_signature: Any = None
+        self.state.skip_nonfinite_updates = skip_nonfinite_updates
 
-        self.engine.run_event(Event.INIT)
-        self._build_device_state()
-        # Loading comes after INIT: surgery has already reshaped the model the weights must fit.
         self.checkpointer = None
         if save_folder is not None:
             keep = None if save_num_checkpoints_to_keep == -1 else save_num_checkpoints_to_keep
-            self.checkpointer = Checkpointer(save_folder, save_interval, keep)
-        if autoresume and self.checkpointer is None:
-            raise ValueError("autoresume=True needs save_folder: the folder to resume from")
+            self.checkpointer = Checkpointer(os.fspath(save_folder), save_interval, keep, save_weights_only)
+        self.engine.run_event(Event.INIT)
+        self._build_device_state()
+        self.hparams = self._hyperparameters(max_duration, save_interval, save_weights_only, time_limit)
+        # Loading comes after INIT: surgery has already reshaped the model the weights must fit.
         if autoresume and self.checkpointer.latest() is not None:
-            self.checkpointer.restore(self.state)
+            self._load(self.checkpointer, None, False, "save_folder")
         elif load_path is not None:
-            if not os.path.isdir(load_path):
-                raise FileNotFoundError(f"load_path={load_path!r} does not exist; expected a folder of checkpoints")
-            loader = Checkpointer(load_path)
-            loader.restore(self.state)
-            loader.close()
+            folder, step = _checkpoint_location(os.fspath(load_path))
+            loader = Checkpointer(folder)
+            try:
+                self._load(loader, step, load_weights_only, "load_path")
+            finally:
+                loader.close()
+
+    # -- checkpoints -----------------------------------------------------------------------------
+    def _load(self, checkpointer: Checkpointer, step: int | None, weights_only: bool, field: str) -> None:
+        """Restore a checkpoint into the state, between BEFORE_LOAD and AFTER_LOAD."""
+        self.engine.run_event(Event.BEFORE_LOAD)
+        self.resumed_from = checkpointer.restore(self.state, step, weights_only=weights_only, field=field)
+        self.engine.run_event(Event.AFTER_LOAD)
+
+    def _hyperparameters(self, max_duration: Any, save_interval: Any, save_weights_only: bool,
+                         time_limit: Any) -> dict[str, Any]:
+        """The run's settings as JSON-able values: saved with every checkpoint and logged at FIT_START."""
+        state = self.state
+        return {
+            "run_name": state.run_name,
+            "max_duration": None if state.max_duration is None else str(state.max_duration),
+            "seed": self._seed,
+            "precision": state.precision,
+            "optimizer": _describe(state.optimizer),
+            "algorithms": [{"name": type(a).__name__, "hparams": _public_settings(a)} for a in state.algorithms],
+            "callbacks": [{"name": type(c).__name__, "hparams": _public_settings(c)} for c in state.callbacks],
+            "loggers": [type(d).__name__ for d in self._destinations],
+            "device_train_microbatch_size": self.microbatch_size,
+            "log_interval": self.log_interval,
+            "parallelism": self.parallelism,
+            "devices": int(self.mesh.devices.size),
+            "processes": jax.process_count(),
+            "eval_interval": None if self.eval_interval is None else str(self.eval_interval),
+            "save_interval": str(save_interval),
+            "save_weights_only": save_weights_only,
+            "time_limit": None if time_limit is None else str(time_limit),
+            "skip_nonfinite_updates": state.skip_nonfinite_updates,
+            "dataloader_len": state.dataloader_len,
+            "versions": _versions(),
+        }
+
+    def save_checkpoint(self, wait: bool = False) -> int:
+        """Save a checkpoint now into ``save_folder`` (async unless ``wait``); return its batch index.
+
+        Example::
+
+            trainer.fit('100ba'); trainer.save_checkpoint(wait=True)
+        """
+        if self.checkpointer is None:
+            raise ValueError("save_checkpoint(): Trainer(save_folder=None); pass a save_folder to save")
+        step = self.checkpointer.save(self.state, self.hparams)
+        if wait:
+            self.checkpointer.wait()
+        return step
 
     # -- device state ----------------------------------------------------------------------------
     def _build_device_state(self) -> None:
@@ -345,9 +450,24 @@ class Trainer:
         if not self._summarized:
             self._summarized = True
             self._log_run_summary()
+        if self._fit_started_at is None:
+            self._fit_started_at = time.perf_counter()
+        self.stop_reason = None
         self.engine.run_event(Event.FIT_START)
-        self._train_loop()
-        self._flush_logs()
+        previous_handlers = self._install_signal_handlers()
+        try:
+            self._train_loop()
+            self._flush_logs()
+            if self.checkpointer is not None and (self._stop_signal is not None or self._time_is_up()
+                                                  or self._done()):
+                # Nothing lost: the end of training, a time limit or a signal always leaves a checkpoint.
+                self.checkpointer.save(state, self.hparams)
+            if self._stop_signal is not None:
+                self._exit_on_signal(self._stop_signal)
+        finally:
+            _restore_signal_handlers(previous_handlers)
+        if self._time_is_up():
+            self.stop_reason = "time_limit"
         # The first step donated the arrays the user's module held: give it the trained ones back
         # (once per fit, not per step), so the caller's own handle on the model stays usable.
         if state._model_stale:
@@ -355,6 +475,47 @@ class Trainer:
         if self.checkpointer is not None:
             self.checkpointer.wait()
         self.engine.run_event(Event.FIT_END)
+
+    # -- stopping early: signals and the time limit ----------------------------------------------
+    def _install_signal_handlers(self) -> dict[int, Any]:
+        """Catch SIGTERM and SIGINT for the length of ``fit`` (main thread only)."""
+        self._stop_signal = None
+        if not self.handle_signals or threading.current_thread() is not threading.main_thread():
+            return {}
+        previous = {}
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            try:
+                previous[signum] = signal.signal(signum, self._on_signal)
+            except (ValueError, OSError):  # not allowed here (embedded interpreters)
+                pass
+        return previous
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        if self._stop_signal is not None:  # a second signal: stop now, without saving
+            raise TrainingInterrupted(signum, saved_batch=None)
+        self._stop_signal = signum
+
+    def _should_stop(self) -> bool:
+        return self._stop_signal is not None or self._time_is_up()
+
+    def _time_is_up(self) -> bool:
+        limit = self.time_limit
+        return limit is not None and time.perf_counter() - self._fit_started_at >= limit
+
+    def _exit_on_signal(self, signum: int) -> None:
+        """Wait for the checkpoint, close callbacks and loggers, and raise TrainingInterrupted."""
+        name = signal.Signals(signum).name
+        self.stop_reason = name
+        saved = None
+        if self.checkpointer is not None:
+            self.checkpointer.wait()
+            saved = self.checkpointer.last_saved
+            _print(f"{name}: saved checkpoint {saved} in {self.checkpointer.folder}; exiting with status "
+                   f"{128 + signum}")
+        else:
+            _print(f"{name}: no save_folder, so no checkpoint; exiting with status {128 + signum}")
+        self.close()
+        raise TrainingInterrupted(signum, saved_batch=saved)
 
     def _set_total_steps(self) -> None:
         train_state = self.state.train_state
@@ -375,6 +536,8 @@ class Trainer:
         count_tokens = self.tokens_per_batch
         checkpointer = self.checkpointer
         perf_counter = time.perf_counter
+        should_stop = self._should_stop
+        save_after_epoch = False
         while not self._done():
             if state.timestamp.batch_in_epoch == 0:
                 run_event(Event.EPOCH_START)
@@ -400,12 +563,15 @@ class Trainer:
                     run_event(Event.BATCH_END)
                     run_event(Event.BATCH_CHECKPOINT)
                 if checkpointer is not None and checkpointer.due(state, TimeUnit.BATCH):
-                    checkpointer.save(state)
+                    if timestamp.batch_in_epoch == state.dataloader_len:
+                        save_after_epoch = True  # saved once the epoch is closed: a clean epoch boundary
+                    else:
+                        checkpointer.save(state, self.hparams)
                 if eval_every_batches and timestamp.batch % eval_every_batches == 0:
                     self._eval_during_fit()
                 if timestamp.batch_in_epoch == state.dataloader_len:
                     break
-                if getattr(timestamp, counter) >= state.max_duration.value:
+                if getattr(timestamp, counter) >= state.max_duration.value or should_stop():
                     epoch_ended = False
                     break
             if epoch_ended:
@@ -415,10 +581,13 @@ class Trainer:
                 state.timestamp = state.timestamp.to_next_epoch()
                 run_event(Event.EPOCH_END)
                 run_event(Event.EPOCH_CHECKPOINT)
-                if checkpointer is not None and checkpointer.due(state, TimeUnit.EPOCH):
-                    checkpointer.save(state)
+                if checkpointer is not None and (save_after_epoch or checkpointer.due(state, TimeUnit.EPOCH)):
+                    checkpointer.save(state, self.hparams)
+                save_after_epoch = False
                 if eval_every_epochs and state.timestamp.epoch % eval_every_epochs == 0:
                     self._eval_during_fit()
+            if should_stop():
+                return
 
     def _train_batch(self) -> int:
         """Run one compiled step on ``state.batch``; return its global sample count. No host sync."""
@@ -434,8 +603,18 @@ class Trainer:
             samples *= jax.process_count()
         compiles = state.compile_count
         start = time.perf_counter()
-        state.train_state, state.loss, state.step_metrics = step(state.train_state, batch)
+        try:
+            state.train_state, state.loss, state.step_metrics = step(state.train_state, batch)
+        except Exception as error:
+            # Tracing (or jit's argument check) failed: say what is wrong with the batch, if anything is.
+            problem = diagnose_batch(state.batch, state.timestamp.batch, self._batch_signature)
+            if problem is None:
+                if state.compile_count != compiles:
+                    note_batch(error, state.batch, state.timestamp.batch)
+                raise
+            raise problem from error
         if state.compile_count != compiles:
+            self._batch_signature = describe_batch(state.batch)
             self._record_compile("train", plan, step, time.perf_counter() - start, state.train_state, batch)
         state._model_stale = True
         if plan:
@@ -606,6 +785,66 @@ def _print(text: str) -> None:
     from tqdm import tqdm
 
     tqdm.write(text, file=sys.stdout)
+
+
+def _to_time_limit(value: Time | str | int | float | None) -> float | None:
+    """``time_limit`` in seconds: a wall-clock Time or string ('2h30m', '45m', '90s'), or seconds."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise ValueError(f"time_limit={value!r}: expected a wall-clock duration such as '2h30m', '45m' or '90s'")
+    try:
+        limit = value if isinstance(value, Time) else Time.from_input(value, TimeUnit.SECOND)
+    except ValueError as error:
+        raise ValueError(f"time_limit={value!r}: {error}") from error
+    if limit.unit != TimeUnit.SECOND or limit.value <= 0:
+        raise ValueError(f"time_limit={value!r}: expected a positive wall-clock duration such as '2h30m', '45m' or "
+                         "'90s'")
+    return float(limit.value)
+
+
+def _restore_signal_handlers(previous: dict[int, Any]) -> None:
+    for signum, handler in previous.items():
+        signal.signal(signum, handler)
+
+
+def _checkpoint_location(path: str) -> tuple[str, int | None]:
+    """``(folder, step)`` for a save_folder (newest step) or one checkpoint folder inside it."""
+    path = os.path.abspath(path)
+    name = os.path.basename(path)
+    if name.isdigit() and os.path.exists(os.path.join(path, "_CHECKPOINT_METADATA")):
+        return os.path.dirname(path), int(name)
+    return path, None
+
+
+def _describe(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+def _public_settings(plugin: Any) -> dict[str, Any]:
+    """A plugin's public scalar settings (its hyperparameters, as far as they are JSON values)."""
+    settings = {}
+    for name, value in vars(plugin).items():
+        if name.startswith("_"):
+            continue
+        if value is None or isinstance(value, (bool, int, float, str)):
+            settings[name] = value
+        elif isinstance(value, (Time, TimeUnit)):
+            settings[name] = str(value)
+        elif isinstance(value, (tuple, list)) and all(isinstance(v, (bool, int, float, str)) for v in value):
+            settings[name] = list(value)
+    return settings
+
+
+def _versions() -> dict[str, str]:
+    import flax
+    import orbax.checkpoint
+
+    from composerjax import __version__
+
+    return {"composerjax": __version__, "jax": jax.__version__, "flax": flax.__version__, "optax": optax.__version__,
+            "orbax-checkpoint": getattr(orbax.checkpoint, "__version__", "unknown")}
 
 
 def _epoch_of(loader: Iterable[Any]) -> Iterable[Any]:

@@ -1,0 +1,145 @@
+"""Real processes: SIGKILL mid-epoch, SIGKILL mid-save, SIGTERM/SIGINT, and restores across device counts."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+SCRIPT = os.path.join(os.path.dirname(__file__), "resume_script.py")
+ENV = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1")
+
+
+def run(out, *args: str, expect: int = 0) -> subprocess.CompletedProcess:
+    done = subprocess.run([sys.executable, SCRIPT, str(out), *args], env=ENV, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == expect, done.stderr[-3000:]
+    return done
+
+
+def final(out) -> list[np.ndarray]:
+    with np.load(os.path.join(out, "final.npz")) as data:
+        return [data[name] for name in sorted(data.files, key=lambda n: int(n.split("_")[1]))]
+
+
+def result(out) -> dict:
+    with open(os.path.join(out, "result.json")) as handle:
+        return json.load(handle)
+
+
+def complete_steps(folder) -> list[int]:
+    return sorted(int(name) for name in os.listdir(folder) if name.isdigit())
+
+
+@pytest.mark.parametrize("loader", ["array", "grain"])
+def test_sigkill_mid_epoch_then_autoresume_is_bit_identical(tmp_path, loader):
+    """MixUp + EMA + a shuffled loader; 6 batches an epoch, killed at batch 9 (mid epoch 2)."""
+    run(tmp_path / "reference", "--loader", loader)
+    folder = tmp_path / "checkpoints"
+    run(tmp_path / "killed", "--loader", loader, "--save-folder", str(folder), "--kill-at", "9",
+        expect=-signal.SIGKILL)
+    assert not os.path.exists(tmp_path / "killed" / "final.npz")
+    run(tmp_path / "resumed", "--loader", loader, "--save-folder", str(folder), "--autoresume")
+    resumed = result(tmp_path / "resumed")
+    assert resumed["resumed_from"] in (6, 8) and resumed["batch"] == 18
+    reference, after = final(tmp_path / "reference"), final(tmp_path / "resumed")
+    assert len(reference) == len(after) > 10  # params, adam moments, EMA averages, clock
+    for a, b in zip(reference, after):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_sigkill_while_a_checkpoint_is_written_leaves_the_previous_one_loadable(tmp_path):
+    folder = tmp_path / "checkpoints"
+    # A wider model, so that writing checkpoint 4 is still going on when the process dies.
+    run(tmp_path / "killed", "--width", "20000", "--save-folder", str(folder), "--kill-after-save", "4",
+        expect=-signal.SIGKILL)
+    names = os.listdir(folder)
+    assert complete_steps(folder) == [2]
+    assert any(name.startswith("4.") and "tmp" in name for name in names), names  # the half-written one
+    run(tmp_path / "resumed", "--width", "20000", "--max-duration", "6ba", "--save-folder", str(folder),
+        "--autoresume")
+    assert result(tmp_path / "resumed") == {"resumed_from": 2, "batch": 6}
+    assert complete_steps(folder) == [2, 4, 6]
+
+
+@pytest.mark.parametrize("signum,status", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_signal_finishes_the_step_saves_closes_and_exits_with_its_status(tmp_path, signum, status):
+    folder = tmp_path / "checkpoints"
+    process = subprocess.Popen(
+        [sys.executable, SCRIPT, str(tmp_path / "run"), "--max-duration", "100000ba", "--save-folder", str(folder),
+         "--save-interval", "100000ba", "--ready-at", "3"],
+        env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for line in process.stdout:
+            if line.strip() == "READY":
+                break
+        process.send_signal(signum)
+        _, stderr = process.communicate(timeout=120)
+    finally:
+        process.kill()
+    assert process.returncode == status, stderr[-3000:]
+    saved = complete_steps(folder)
+    assert len(saved) == 1 and saved[0] >= 3  # the step in progress finished, then one checkpoint
+    with open(tmp_path / "run" / "metrics.jsonl") as handle:  # the logger was closed with its rows flushed
+        rows = [json.loads(line) for line in handle]
+    assert max(row.get("step", 0) for row in rows) == saved[0]
+    run(tmp_path / "resumed", "--max-duration", f"{saved[0] + 2}ba", "--save-folder", str(folder), "--autoresume")
+    assert result(tmp_path / "resumed") == {"resumed_from": saved[0], "batch": saved[0] + 2}
+
+
+CROSS_DEVICE = textwrap.dedent(
+    """
+    import json, sys
+    import jax, numpy as np, optax
+    from flax import nnx
+    from composerjax import ArrayLoader, ComposerClassifier, Trainer
+
+    x = np.random.default_rng(0).normal(size=(64, 8)).astype(np.float32)
+    y = (x[:, 0] > 0).astype(np.int32)
+
+    def trainer(devices, **kwargs):
+        rngs = nnx.Rngs(0)
+        model = ComposerClassifier(nnx.Sequential(nnx.Linear(8, 16, rngs=rngs), nnx.relu,
+                                                  nnx.Linear(16, 2, rngs=rngs)), 2)
+        return Trainer(model, ArrayLoader((x, y), batch_size=16, seed=1), "6ba", optax.adam(1e-2),
+                       devices=jax.devices()[:devices], progress_bar=False, run_summary=False, **kwargs)
+
+    def values(t):
+        return [np.asarray(leaf) for leaf in jax.tree.leaves(jax.device_get(t.state.train_state))]
+
+    report = {}
+    folder = sys.argv[1]
+    for saved_on, loaded_on in ((4, 1), (4, 2), (1, 4), (2, 4)):
+        source = trainer(saved_on, save_folder=f"{folder}/{saved_on}", save_interval="3ba")
+        source.fit()
+        source.close()
+        target = trainer(loaded_on, load_path=f"{folder}/{saved_on}")
+        leaf = target.state.train_state["params"]["module"]["layers"][0]["kernel"]
+        same = all(np.array_equal(a, b) for a, b in zip(values(source), values(target)))
+        # and it keeps training on its own mesh
+        target.fit("2ba")
+        report[f"{saved_on}->{loaded_on}"] = {"same": same, "devices": len(leaf.sharding.device_set),
+                                             "batch": target.state.timestamp.batch}
+    print(json.dumps(report))
+    """
+)
+
+
+def test_a_checkpoint_restores_across_device_counts(tmp_path):
+    env = dict(ENV, XLA_FLAGS="--xla_force_host_platform_device_count=4")
+    done = subprocess.run([sys.executable, "-c", CROSS_DEVICE, str(tmp_path)], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report == {
+        "4->1": {"same": True, "devices": 1, "batch": 8},
+        "4->2": {"same": True, "devices": 2, "batch": 8},
+        "1->4": {"same": True, "devices": 4, "batch": 8},
+        "2->4": {"same": True, "devices": 4, "batch": 8},
+    }
