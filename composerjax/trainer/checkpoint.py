@@ -15,9 +15,8 @@ from composerjax.core.time import Time, TimeUnit
 
 __all__ = ["Checkpointer", "CheckpointMismatchError"]
 
-# The train state's device arrays, split so that a weights-only checkpoint is the first item alone.
+# The train state's parts that make up the model's weights (all a weights-only checkpoint holds).
 _MODEL_KEYS = ("params", "rest")
-_TRAIN_KEYS = ("opt_state", "algorithm_state", "clock")
 # What each train-state group is called in error messages.
 _GROUP_NAMES = {
     "params": "model parameters",
@@ -35,14 +34,14 @@ class CheckpointMismatchError(ValueError):
 class Checkpointer:
     """Save ``State.state_dict()`` every ``interval`` into ``folder`` and restore it.
 
-    Each checkpoint is one orbax ``Composite`` in ``folder/<batch index>/`` with four items:
+    Each checkpoint is one orbax ``Composite`` in ``folder/<batch index>/`` with two items:
 
-    * ``model``: parameters and the rest of the model's variables (device arrays, saved async);
-    * ``train``: optimizer state, algorithm state (EMA/SWA averages...) and the step clock;
-    * ``host`` (JSON): rng, timestamp, data-loader position, algorithm and callback ``state_dict``s;
-    * ``hparams`` (JSON): the run's hyperparameters, for people and tools reading the folder.
+    * ``state``: the device arrays, saved async: ``params`` and ``rest`` (the model's other
+      variables), ``opt_state``, ``algorithm_state`` (EMA/SWA averages...) and the step ``clock``;
+    * ``meta`` (JSON): ``host`` (rng, timestamp, data-loader position, algorithm and callback
+      ``state_dict``s) and ``hparams`` (the run's hyperparameters, for people and tools).
 
-    A weights-only checkpoint holds ``model``, ``host`` (the timestamp only) and ``hparams``.
+    A weights-only checkpoint's ``state`` holds ``params`` and ``rest`` only.
     orbax writes each checkpoint into a temporary folder and renames it when every item is on
     disk, so a half-written checkpoint is never listed and the previous one stays loadable whatever
     happens to the process writing the next one.
@@ -93,8 +92,7 @@ class Checkpointer:
             self.folder,
             options=ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=async_save),
             # Handlers named up front: a manager that has not saved yet can still read metadata.
-            item_handlers={"model": ocp.StandardCheckpointHandler(), "train": ocp.StandardCheckpointHandler(),
-                           "host": ocp.JsonCheckpointHandler(), "hparams": ocp.JsonCheckpointHandler()},
+            item_handlers={"state": ocp.PyTreeCheckpointHandler(), "meta": ocp.JsonCheckpointHandler()},
         )
 
     # -- saving ----------------------------------------------------------------------------------
@@ -116,18 +114,16 @@ class Checkpointer:
         if state.train_state is None:
             raise RuntimeError("Checkpointer.save(): the device state is not built yet")
         train_state = state.train_state
-        items: dict[str, Any] = {
-            "model": ocp.args.StandardSave({key: train_state[key] for key in _MODEL_KEYS}),
-            "hparams": ocp.args.JsonSave(_to_json(hparams or {})),
-        }
         if self.weights_only:
+            arrays = {key: train_state[key] for key in _MODEL_KEYS}
             host = {"weights_only": True, "timestamp": state.timestamp.state_dict(), "run_name": state.run_name}
         else:
-            state_dict = state.state_dict()
-            host = {key: value for key, value in state_dict.items() if key != "train_state"}
+            arrays = train_state
+            host = {key: value for key, value in state.state_dict().items() if key != "train_state"}
             host["weights_only"] = False
-            items["train"] = ocp.args.StandardSave({key: train_state[key] for key in _TRAIN_KEYS})
-        items["host"] = ocp.args.JsonSave(_to_json(host))
+        # Two items, not one per part: every orbax item costs its own files and background work.
+        items = {"state": ocp.args.PyTreeSave(arrays),
+                 "meta": ocp.args.JsonSave(_to_json({"host": host, "hparams": hparams or {}}))}
         self.manager.save(step, args=ocp.args.Composite(**items))
         self.last_saved = step
         return step
@@ -138,10 +134,14 @@ class Checkpointer:
         self.manager.reload()
         return self.manager.latest_step()
 
-    def read_host(self, step: int | None = None) -> dict[str, Any]:
-        """The JSON host item of checkpoint ``step`` (newest by default)."""
+    def read_meta(self, step: int | None = None) -> dict[str, Any]:
+        """The JSON item of checkpoint ``step`` (newest by default): ``{'host': ..., 'hparams': ...}``."""
         step = self._step(step)
-        return dict(self.manager.restore(step, args=ocp.args.Composite(host=ocp.args.JsonRestore()))["host"])
+        return dict(self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"])
+
+    def read_host(self, step: int | None = None) -> dict[str, Any]:
+        """The host state saved with checkpoint ``step``: rng, timestamp, data position, plugin states."""
+        return dict(self.read_meta(step)["host"])
 
     def read_hparams(self, step: int | None = None) -> dict[str, Any]:
         """The hyperparameters saved with checkpoint ``step`` (newest by default).
@@ -150,8 +150,7 @@ class Checkpointer:
 
             Checkpointer("runs/x/checkpoints").read_hparams()["max_duration"]  # '10ep'
         """
-        step = self._step(step)
-        return dict(self.manager.restore(step, args=ocp.args.Composite(hparams=ocp.args.JsonRestore()))["hparams"])
+        return dict(self.read_meta(step)["hparams"])
 
     def restore(self, state: State, step: int | None = None, weights_only: bool = False,
                 field: str = "load_path") -> int:
@@ -177,33 +176,30 @@ class Checkpointer:
                 f"{field}={self.folder!r}: checkpoint {step} holds weights only (saved with save_weights_only=True); "
                 "pass load_weights_only=True to load its weights, or point at a full checkpoint to resume")
         current = state.train_state
-        metadata = self.manager.item_metadata(step)
-        items = ("model",) if weights_only else ("model", "train")
-        targets = {"model": {key: current[key] for key in _MODEL_KEYS},
-                   "train": {key: current[key] for key in _TRAIN_KEYS}}
-        problems = []
-        for item in items:
-            if metadata.get(item) is None:
-                raise CheckpointMismatchError(
-                    f"{field}={self.folder!r}: checkpoint {step} has no '{item}' item; expected a checkpoint written "
-                    "by composerjax's Trainer(save_folder=...)")
-            problems += _compare(metadata[item], targets[item])
+        target = {key: current[key] for key in _MODEL_KEYS} if weights_only else current
+        metadata = self.manager.item_metadata(step).get("state")
+        if metadata is None:
+            raise CheckpointMismatchError(
+                f"{field}={self.folder!r}: checkpoint {step} has no 'state' item; expected a checkpoint written "
+                "by composerjax's Trainer(save_folder=...)")
+        problems = _compare(metadata, target)
         if problems:
             more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""
             shown = "\n  ".join(problems[:20]) + more
             raise CheckpointMismatchError(
                 f"{field}={self.folder!r}: checkpoint {step} does not fit this run's model, optimizer or algorithms "
                 f"(saved vs expected):\n  {shown}")
-        args = {item: ocp.args.StandardRestore(jax.tree.map(_abstract, targets[item])) for item in items}
-        restored = self.manager.restore(step, args=ocp.args.Composite(**args))
+        abstract = jax.tree.map(_abstract, target)
+        restored = self.manager.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
+            item=abstract, restore_args=ocp.checkpoint_utils.construct_restore_args(abstract),
+            partial_restore=weights_only)))["state"]
         if weights_only:
-            state.train_state = {**current, **_place(restored["model"], targets["model"])}
+            state.train_state = {**current, **_place(restored, target)}
             state._model_stale = True
             return step
-        train_state = {**restored["model"], **restored["train"]}
         host = {key: value for key, value in host.items() if key != "weights_only"}
         host["rng"] = np.asarray(host["rng"], np.uint32)
-        state.load_state_dict({**host, "train_state": train_state})
+        state.load_state_dict({**host, "train_state": restored})
         return step
 
     def _step(self, step: int | None, field: str = "load_path") -> int:
@@ -253,9 +249,11 @@ def _arrays_by_name(tree: Any) -> dict[str, tuple[tuple[int, ...], str]]:
 
 
 def _compare(metadata: Any, target: Any) -> list[str]:
-    """Every difference between a saved item's arrays and the run's: missing, extra, other shapes."""
-    saved = _arrays_by_name(getattr(metadata, "tree", metadata))
+    """Every difference between the saved arrays and the run's (``target``'s groups only): missing, extra, shapes."""
     expected = _arrays_by_name(target)
+    groups = set(target)
+    saved = {name: value for name, value in _arrays_by_name(getattr(metadata, "tree", metadata)).items()
+             if name.split(".")[0] in groups}
     problems = []
     for group in dict.fromkeys(name.split(".")[0] for name in (*saved, *expected)):
         label = _GROUP_NAMES.get(group, group)

@@ -111,8 +111,8 @@ def test_weights_only_save_and_load(tmp_path, uninterrupted):
     trainer = make_trainer(tmp_path, save_weights_only=True)
     trainer.fit()
     trainer.close()
-    assert sorted(os.listdir(tmp_path / "9")) == sorted(["_CHECKPOINT_METADATA", "commit_success.txt", "host",
-                                                          "hparams", "model"])
+    saved = Checkpointer(str(tmp_path)).manager.item_metadata(9)["state"].tree
+    assert sorted(saved) == ["params", "rest"]
     fresh = make_trainer(None, optimizer=optax.sgd(0.1))
     loaded = make_trainer(None, optimizer=optax.sgd(0.1), load_path=str(tmp_path), load_weights_only=True)
     assert_same(leaves(uninterrupted, "params"), leaves(loaded, "params"))
@@ -132,8 +132,8 @@ def test_hyperparameters_are_saved_as_json(tmp_path):
     assert hparams["max_duration"] == "2ba" and hparams["seed"] == 7 and hparams["save_interval"] == "1ba"
     assert hparams["algorithms"][0]["name"] == "EMA"
     assert hparams["versions"]["jax"] == jax.__version__
-    on_disk = json.loads((tmp_path / "2" / "hparams" / "metadata").read_text())
-    assert on_disk == hparams
+    on_disk = json.loads((tmp_path / "2" / "meta" / "metadata").read_text())
+    assert on_disk["hparams"] == hparams and on_disk["host"]["timestamp"]["batch"] == 2
 
 
 def test_a_checkpoint_that_does_not_fit_is_refused_before_anything_changes(tmp_path):
