@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -272,3 +273,16 @@ def test_malformed_batches_name_the_batch_and_what_was_expected():
         fit_on([(np.zeros((4, 3), np.float32), good[1])])
     assert "train_dataloader batch 0: {batch[0]: float32[4, 3], batch[1]: float32[4, 1]}" in "".join(
         getattr(error.value, "__notes__", []))
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="thread priorities are read from Linux /proc")
+def test_orbax_writer_threads_run_at_the_lowest_priority_and_the_main_thread_does_not(tmp_path):
+    trainer = make_trainer(tmp_path, duration="2ba", save_interval="1ba")
+    trainer.fit()
+    writers = set(trainer.checkpointer.writer_threads)
+    main = threading.main_thread().native_id
+    assert writers and main not in writers
+    alive = {int(tid) for tid in os.listdir("/proc/self/task")}
+    assert {os.getpriority(os.PRIO_PROCESS, tid) for tid in writers & alive} <= {19}
+    assert os.getpriority(os.PRIO_PROCESS, main) == 0
+    trainer.close()
