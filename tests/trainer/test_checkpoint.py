@@ -286,3 +286,19 @@ def test_orbax_writer_threads_run_at_the_lowest_priority_and_the_main_thread_doe
     assert {os.getpriority(os.PRIO_PROCESS, tid) for tid in writers & alive} <= {19}
     assert os.getpriority(os.PRIO_PROCESS, main) == 0
     trainer.close()
+
+
+def test_surgery_at_init_is_reapplied_before_loading(tmp_path):
+    from composerjax.algorithms import Factorize
+
+    def factorize():
+        return [Factorize(min_features=6, latent_features=2)]
+
+    trainer = make_trainer(tmp_path, duration="3ba", save_interval="3ba", algorithms=factorize())
+    trainer.fit()
+    trainer.close()
+    loaded = make_trainer(None, duration="3ba", load_path=str(tmp_path), algorithms=factorize())
+    assert "linear0" in str(jax.tree_util.tree_structure(loaded.state.train_state["params"]))
+    assert_same(leaves(trainer), leaves(loaded))
+    with pytest.raises(CheckpointMismatchError, match="model parameters"):  # an unfactorized model does not fit
+        make_trainer(None, duration="3ba", load_path=str(tmp_path))
