@@ -8,9 +8,9 @@ import jax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-__all__ = ["STRATEGIES", "replicated", "batch_sharding", "train_state_shardings", "global_batch"]
+from composerjax.parallel.strategy import STRATEGIES, ParallelismConfig, config_for
 
-STRATEGIES = ("auto", "ddp")
+__all__ = ["STRATEGIES", "replicated", "batch_sharding", "train_state_shardings", "global_batch", "path_of"]
 
 
 def replicated(mesh: Mesh) -> NamedSharding:
@@ -23,16 +23,61 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, P(("data", "fsdp")))
 
 
-def train_state_shardings(mesh: Mesh, train_state: Any, strategy: str = "auto") -> Any:
-    """One sharding per leaf of ``train_state``: replicated for 'auto' and 'ddp'.
+def path_of(path: tuple[Any, ...]) -> str:
+    """``'module/layers/0/kernel'`` for a pytree key path."""
+    names = []
+    for key in path:
+        for attribute in ("key", "idx", "name"):
+            if hasattr(key, attribute):
+                names.append(str(getattr(key, attribute)))
+                break
+        else:
+            names.append(str(key))
+    return "/".join(names)
+
+
+def train_state_shardings(mesh: Mesh, train_state: Any, strategy: str | ParallelismConfig = "auto",
+                          metadata: dict[str, P] | None = None) -> Any:
+    """One NamedSharding per leaf of ``train_state`` for a strategy.
+
+    'auto' and 'ddp' replicate everything. 'fsdp' and a :class:`ParallelismConfig` give each
+    parameter its spec (NNX metadata, then rules, then fsdp on the largest divisible dimension);
+    optimizer and algorithm state entries that mirror a parameter (same path suffix and shape, as
+    adam's moments and EMA's averages do) get that parameter's spec; the model's other variables
+    and the clock stay replicated.
 
     Raises:
-        ValueError: for an unknown strategy.
+        ValueError: for an unknown strategy or a spec that does not fit.
     """
-    if strategy not in STRATEGIES:
-        raise ValueError(f"parallelism={strategy!r}: expected one of {', '.join(STRATEGIES)}")
-    sharding = replicated(mesh)
-    return jax.tree.map(lambda _: sharding, train_state)
+    if not isinstance(strategy, ParallelismConfig) and strategy not in STRATEGIES:
+        raise ValueError(f"parallelism={strategy!r}: expected one of {', '.join(STRATEGIES)} or a ParallelismConfig")
+    everywhere = replicated(mesh)
+    if strategy in ("auto", "ddp"):
+        return jax.tree.map(lambda _: everywhere, train_state)
+    config = config_for(strategy, mesh.devices.size)
+    mesh_shape = dict(mesh.shape)
+    metadata = metadata or {}
+    param_specs: dict[str, tuple[tuple[int, ...], P]] = {}
+    for path, leaf in jax.tree_util.tree_flatten_with_path(train_state["params"])[0]:
+        name = path_of(path)
+        shape = tuple(leaf.shape)
+        param_specs[name] = (shape, config.spec_for(name, shape, mesh_shape, metadata.get(name)))
+    by_length = sorted(param_specs, key=len, reverse=True)
+
+    def mirrored(path: tuple[Any, ...], leaf: Any) -> NamedSharding:
+        name, shape = path_of(path), tuple(getattr(leaf, "shape", ()))
+        for param in by_length:
+            if (name == param or name.endswith("/" + param)) and param_specs[param][0] == shape:
+                return NamedSharding(mesh, param_specs[param][1])
+        return NamedSharding(mesh, config.spec_for(name, shape, mesh_shape))
+
+    shardings = {}
+    for group, tree in train_state.items():
+        if group in ("params", "opt_state", "algorithm_state"):
+            shardings[group] = jax.tree_util.tree_map_with_path(mirrored, tree)
+        else:
+            shardings[group] = jax.tree.map(lambda _: everywhere, tree)
+    return shardings
 
 
 def global_batch(batch: Any, sharding: NamedSharding) -> Any:

@@ -34,6 +34,13 @@ from composerjax.parallel.sharding import (
     replicated,
     train_state_shardings,
 )
+from composerjax.parallel.strategy import (
+    ParallelismConfig,
+    config_for,
+    partition_metadata,
+    resolve_devices,
+    resolve_parallelism,
+)
 from composerjax.step.builder import StepBuilder, add_metric_sums, split_model
 from composerjax.step.keys import KeyCodec
 from composerjax.step.precision import compute_dtype
@@ -96,8 +103,15 @@ class Trainer:
             fetched in one transfer, one interval behind the newest step so the device never
             waits (everything pending is flushed at epoch end, before eval and at fit end).
         algorithm_passes: extra engine passes.
-        devices: the devices of the mesh (all local devices by default).
-        parallelism: 'auto' (data parallel over all devices) or 'ddp'.
+        devices: which devices form the mesh: ``'auto'`` (every device of the backend, on every
+            process), a count N (the first N local devices of each process), a list of local
+            device indices, or a list of ``jax.Device``.
+        parallelism: ``'auto'`` or ``'ddp'`` (parameters replicated, the batch split), ``'fsdp'``
+            (parameters and optimizer state split on their largest divisible dimension over all
+            devices), or a :class:`~composerjax.parallel.ParallelismConfig` with mesh axis sizes
+            and tensor-parallel rules. NNX ``with_partitioning`` metadata wins over rules.
+        accelerator: ``'auto'`` (JAX's default backend), ``'cpu'``, ``'gpu'`` or ``'tpu'``; a
+            request the machine cannot satisfy fails here, naming what is available.
         save_folder: save checkpoints (orbax, async) into this folder; none when None.
         save_interval: how often to save: ``'1ep'``, ``'500ba'``.
         save_num_checkpoints_to_keep: keep the newest N checkpoints (-1 keeps all).
@@ -168,8 +182,9 @@ class Trainer:
         progress_bar: bool = True,
         log_interval: int = 10,
         algorithm_passes: Sequence[AlgorithmPass | tuple[AlgorithmPass, int]] | None = None,
-        devices: Sequence[jax.Device] | None = None,
-        parallelism: str = "auto",
+        devices: str | int | Sequence[int] | Sequence[jax.Device] | None = "auto",
+        parallelism: str | ParallelismConfig = "auto",
+        accelerator: str = "auto",
         run_summary: bool = True,
         run_dir: str | None = None,
         tokens_per_batch: Callable[[Any], int] | None = None,
@@ -225,7 +240,10 @@ class Trainer:
         self._seed = seed
         self.loss_fn = loss_fn
         self.functions = model_functions(model, loss_fn)  # validated now, rebuilt after INIT
-        self.mesh = build_mesh(devices)
+        strategy = resolve_parallelism(parallelism)
+        mesh_devices = resolve_devices(accelerator, devices)
+        layout = config_for(strategy, len(mesh_devices))
+        self.mesh = build_mesh(mesh_devices, fsdp=layout.fsdp, tensor=layout.tensor)
         train_loader = as_batch_iterable(train_dataloader) if train_dataloader is not None else None
         self.state = State(
             model=model,
@@ -260,7 +278,7 @@ class Trainer:
             if callable(attach):
                 attach(self.engine)
         self.log_interval = log_interval
-        self.parallelism = parallelism
+        self.parallelism = strategy
         self.microbatch_size = device_train_microbatch_size
         self.run_summary = run_summary
         if tokens_per_batch is not None and not callable(tokens_per_batch):
@@ -317,7 +335,8 @@ class Trainer:
             "loggers": [type(d).__name__ for d in self._destinations],
             "device_train_microbatch_size": self.microbatch_size,
             "log_interval": self.log_interval,
-            "parallelism": self.parallelism,
+            "parallelism": self.parallelism if isinstance(self.parallelism, str) else repr(self.parallelism),
+            "mesh": dict(self.mesh.shape),
             "devices": int(self.mesh.devices.size),
             "processes": jax.process_count(),
             "eval_interval": None if self.eval_interval is None else str(self.eval_interval),
@@ -372,7 +391,9 @@ class Trainer:
             "algorithm_state": algorithm_state,
             "clock": jnp.asarray([0, self._total_steps()], jnp.int32),
         }
-        self._train_state_sharding = train_state_shardings(self.mesh, train_state, self.parallelism)
+        self._partition_metadata = partition_metadata(model)
+        self._train_state_sharding = train_state_shardings(self.mesh, train_state, self.parallelism,
+                                                           self._partition_metadata)
         state.shardings = self._train_state_sharding
         state.train_state = jax.device_put(train_state, self._train_state_sharding)
         state._sync_model = self._sync_model
@@ -420,7 +441,9 @@ class Trainer:
         else:
             opt_state = train_state["opt_state"]
         updated = {**train_state, "params": params, "rest": rest, "opt_state": opt_state}
-        self._train_state_sharding = train_state_shardings(self.mesh, updated, self.parallelism)
+        self._partition_metadata = partition_metadata(model)
+        self._train_state_sharding = train_state_shardings(self.mesh, updated, self.parallelism,
+                                                           self._partition_metadata)
         self.builder.train_state_sharding = self._train_state_sharding
         state.train_state = jax.device_put(updated, self._train_state_sharding)
 
