@@ -47,6 +47,7 @@ class ArrayLoader:
         drop_last: Drop the last, incomplete global batch. Otherwise it is split as evenly as
             possible across processes (a share may be empty when it is smaller than the
             number of processes, so every process still yields the same number of batches).
+        drop_remainder: the same as ``drop_last`` (grain's name for it); when given it wins.
         process_index: This process's rank; with ``process_count``, defaults to
             ``jax.process_index()``.
         process_count: The number of processes; defaults to ``jax.process_count()``.
@@ -71,11 +72,12 @@ class ArrayLoader:
         drop_last: bool = True,
         process_index: int | None = None,
         process_count: int | None = None,
+        drop_remainder: bool | None = None,
     ) -> None:
         self._batch_size = _check_int("batch_size", batch_size, 1)
         self._seed = _check_int("seed", seed, 0)
         self._shuffle = bool(shuffle)
-        self._drop_last = bool(drop_last)
+        self._drop_last = bool(drop_last if drop_remainder is None else drop_remainder)
         self._process_index, self._process_count = self._resolve_process(process_index, process_count)
         self._leaves, self._treedef = self._flatten(arrays)
         self._num_samples = int(self._leaves[0].shape[0])

@@ -212,3 +212,15 @@ def test_as_batch_iterable():
     assert as_batch_iterable(batches) is batches
     with pytest.raises(TypeError, match="int.*ArrayLoader.*re-iterable"):
         as_batch_iterable(3)
+
+
+def test_drop_remainder_is_drop_last_under_grains_name():
+    data = np.arange(10)
+    assert len(ArrayLoader(data, batch_size=4, shuffle=False, drop_remainder=True)) == 2
+    kept = ArrayLoader(data, batch_size=4, shuffle=False, drop_remainder=False)
+    assert [batch.tolist() for batch in kept] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    # two processes: each takes its share of every global batch, the remainder split evenly
+    shares = [list(ArrayLoader(data, batch_size=2, shuffle=False, drop_remainder=False, process_index=p,
+                               process_count=2)) for p in (0, 1)]
+    assert [b.tolist() for b in shares[0]] == [[0, 1], [4, 5], [8]]
+    assert [b.tolist() for b in shares[1]] == [[2, 3], [6, 7], [9]]
