@@ -6,6 +6,13 @@ Example:
     Time(10, TimeUnit.EPOCH)
 """
 
+# Started by `composerjax launch` (or with its variables set): jax.distributed must start before
+# anything touches JAX's backend, so before the rest of composerjax is imported.
+from composerjax import dist
+
+if dist.launched():
+    dist.initialize()
+
 from composerjax.core import (
     DEFAULT_PASSES,
     Algorithm,
@@ -23,6 +30,7 @@ from composerjax.core import (
 from composerjax.data import ArrayLoader
 from composerjax.loggers import Logger, LoggerDestination
 from composerjax.models import ComposerClassifier, ComposerModel
+from composerjax.parallel import ParallelismConfig
 from composerjax.trainer import BatchError, CheckpointMismatchError, Trainer, TrainingInterrupted
 
 __version__ = "0.1.0"
@@ -41,6 +49,7 @@ __all__ = [
     "Event",
     "Logger",
     "LoggerDestination",
+    "ParallelismConfig",
     "Plan",
     "State",
     "Time",
@@ -49,4 +58,5 @@ __all__ = [
     "Trace",
     "Trainer",
     "TrainingInterrupted",
+    "dist",
 ]

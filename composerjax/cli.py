@@ -1,4 +1,4 @@
-"""The ``composerjax`` command line: inspect and chart finished runs.
+"""The ``composerjax`` command line: launch multi-process runs, inspect and chart finished ones.
 
 Each subcommand is one ``_add_<name>(subparsers)`` function that declares its arguments and one
 ``<name>_command(args) -> int`` that runs it; ``main`` dispatches. Bad input (a missing run folder
@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["main", "build_parser", "traces_command", "plot_command", "UsageError"]
+__all__ = ["main", "build_parser", "traces_command", "plot_command", "launch_command", "UsageError"]
 
 TRACES_FILE = "traces.jsonl"
 METRICS_FILE = "metrics.jsonl"
@@ -45,7 +45,10 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every subcommand."""
     parser = argparse.ArgumentParser(
         prog="composerjax",
-        description="Inspect composerjax runs: which algorithms ran where (traces) and how training went (plot).",
+        description=(
+            "Start a multi-process run on this machine (launch) and inspect finished runs: which algorithms ran "
+            "where (traces) and how training went (plot)."
+        ),
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for add_subcommand in _SUBCOMMANDS:
@@ -291,6 +294,53 @@ def _read_metric_series(records: list[tuple[str, int, dict[str, Any]]]) -> dict[
     return series
 
 
+# -- composerjax launch ----------------------------------------------------------------------------
+def _add_launch(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "launch",
+        help="run a script as N local jax.distributed processes",
+        description=(
+            "Run SCRIPT [ARGS...] as N processes of one jax.distributed run on this machine (coordinator on "
+            "127.0.0.1). Each process imports composerjax first, which starts jax.distributed from the variables "
+            "the launcher sets (COMPOSERJAX_COORDINATOR, COMPOSERJAX_NUM_PROCESSES, COMPOSERJAX_PROCESS_ID, "
+            "COMPOSERJAX_LOCAL_RANK, COMPOSERJAX_NODE_RANK, COMPOSERJAX_DEVICES_PER_PROCESS), so the script needs "
+            "no distributed code. Output lines are prefixed with [rank i]. When a process fails, the others are "
+            "stopped (SIGTERM, then SIGKILL) and the launcher exits with that process's status, naming its rank "
+            "and printing its last lines. SIGINT/SIGTERM sent to the launcher are passed on to every process "
+            "(a second one kills them)."
+        ),
+        epilog="example: composerjax launch -n 2 --devices-per-process 4 train.py --epochs 3",
+    )
+    parser.add_argument("-n", "--num-processes", type=int, required=True, metavar="N",
+                        help="how many processes to start (ranks 0..N-1)")
+    parser.add_argument("--devices-per-process", type=int, metavar="K",
+                        help="simulated CPU devices per process (--xla_force_host_platform_device_count=K added to "
+                             "XLA_FLAGS, JAX_PLATFORMS=cpu unless set); default: JAX's own devices")
+    parser.add_argument("--port", type=int, metavar="P", help="coordinator port on 127.0.0.1 (default: a free one)")
+    parser.add_argument("--grace-period", type=float, default=5.0, metavar="SECONDS",
+                        help="after a failure, seconds between SIGTERM and SIGKILL for the other processes "
+                             "(default: 5)")
+    parser.add_argument("script", metavar="SCRIPT", help="the Python script every process runs")
+    parser.add_argument("script_args", nargs=argparse.REMAINDER, metavar="ARGS",
+                        help="arguments passed on to SCRIPT")
+    parser.set_defaults(handler=launch_command)
+
+
+def launch_command(args: argparse.Namespace) -> int:
+    """``composerjax launch -n N [--devices-per-process K] [--port P] SCRIPT [ARGS...]``."""
+    from composerjax.launch import launch
+
+    try:
+        return launch(args.script, args.script_args, args.num_processes, devices_per_process=args.devices_per_process,
+                      port=args.port, grace_period_s=args.grace_period)
+    except (ValueError, FileNotFoundError) as error:
+        message = str(error)
+        for name in ("num_processes", "devices_per_process", "port", "grace_period_s"):
+            option = "--" + name.removesuffix("_s").replace("_", "-")
+            message = message.replace(f"`{name}`", option)
+        raise UsageError(message) from None
+
+
 # -- shared ----------------------------------------------------------------------------------------
 def _run_file(run: str, file_name: str, what: str) -> str:
     """The path of ``file_name`` in run folder ``run`` (or ``run`` itself when it is that file)."""
@@ -326,4 +376,4 @@ def _read_jsonl(path: str) -> list[tuple[str, int, dict[str, Any]]]:
     return records
 
 
-_SUBCOMMANDS: tuple[Callable[[Any], None], ...] = (_add_traces, _add_plot)
+_SUBCOMMANDS: tuple[Callable[[Any], None], ...] = (_add_launch, _add_traces, _add_plot)
