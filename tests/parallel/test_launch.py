@@ -48,8 +48,10 @@ TRAIN_SCRIPT = textwrap.dedent(
     rngs = nnx.Rngs(0)
     model = ComposerClassifier(nnx.Sequential(nnx.Linear(8, 16, rngs=rngs), nnx.relu, nnx.Linear(16, 4, rngs=rngs)), 4)
     loader = ArrayLoader((x, y), batch_size=16 // jax.process_count(), seed=3)  # a global batch of 16
+    save_folder = sys.argv[2] if len(sys.argv) > 2 else None
     trainer = Trainer(model, loader, "12ba", optax.adam(1e-2), progress_bar=False, run_summary=False,
-                      loggers=[FileLogger(f"{out}/metrics-{jax.process_index()}.jsonl")])
+                      loggers=[FileLogger(f"{out}/metrics-{jax.process_index()}.jsonl")], save_folder=save_folder,
+                      save_interval="6ba")
     trainer.fit()
     trainer.close()
 
@@ -93,7 +95,7 @@ def test_two_processes_of_two_devices_train_like_one_process(tmp_path):
     script.write_text(TRAIN_SCRIPT)
     out = tmp_path / "launched"
     out.mkdir()
-    run = run_launcher(script, str(out))
+    run = run_launcher(script, str(out), str(tmp_path / "checkpoints"))
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     printed = [line for line in rank_lines(run.stdout, 0) if line.startswith("PARAMS ")]
     assert len(printed) == 1 and not [line for line in rank_lines(run.stdout, 1) if line.startswith("PARAMS ")]
@@ -113,6 +115,34 @@ def test_two_processes_of_two_devices_train_like_one_process(tmp_path):
     assert len(losses(out / "metrics-0.jsonl")) == 12
     np.testing.assert_allclose(losses(out / "metrics-0.jsonl"), losses(tmp_path / "one" / "metrics-0.jsonl"),
                                rtol=1e-5, atol=1e-5)
+    # The checkpoints the two processes wrote together load in one process, on one device, bit for bit.
+    loaded = subprocess.run([sys.executable, "-c", LOAD_SCRIPT, str(tmp_path / "checkpoints")],
+                            env=dict(os.environ, JAX_PLATFORMS="cpu"), capture_output=True, text=True, timeout=120)
+    assert loaded.returncode == 0, loaded.stderr[-3000:]
+    restored = json.loads(loaded.stdout.strip().splitlines()[-1])
+    assert restored["resumed_from"] == 12 and restored["steps"] == [6, 12]
+    for got, expected in zip(restored["params"], launched["params"]):
+        np.testing.assert_array_equal(got, expected)
+
+
+LOAD_SCRIPT = textwrap.dedent(
+    """
+    import json, os, sys
+    import jax, numpy as np, optax
+    from flax import nnx
+    from composerjax import ArrayLoader, ComposerClassifier, Trainer
+
+    rngs = nnx.Rngs(0)
+    model = ComposerClassifier(nnx.Sequential(nnx.Linear(8, 16, rngs=rngs), nnx.relu, nnx.Linear(16, 4, rngs=rngs)), 4)
+    x = np.zeros((128, 8), np.float32)  # the data's shape: the loader's position is restored too
+    trainer = Trainer(model, ArrayLoader((x, np.zeros(128, np.int32)), batch_size=16), "12ba", optax.adam(1e-2),
+                      devices=1, load_path=sys.argv[1], progress_bar=False, run_summary=False)
+    print(json.dumps({"resumed_from": trainer.resumed_from,
+                      "steps": sorted(int(n) for n in os.listdir(sys.argv[1]) if n.isdigit()),
+                      "params": [np.asarray(p).ravel().tolist()
+                                 for p in jax.tree.leaves(trainer.state.train_state["params"])]}))
+    """
+)
 
 
 # -- exit statuses ---------------------------------------------------------------------------------
