@@ -60,8 +60,9 @@ class ParallelismConfig:
 
     Example:
         >>> config = ParallelismConfig(tensor=2, rules=GPT_TENSOR_PARALLEL_RULES)
-        >>> config.spec_for("blocks/0/mlp/up/kernel", (64, 256), {"data": 2, "fsdp": 1, "tensor": 2})
-        PartitionSpec(None, 'tensor')
+        >>> spec = config.spec_for("blocks/0/mlp/up/kernel", (64, 256), {"data": 2, "fsdp": 1, "tensor": 2})
+        >>> spec == P(None, "tensor")
+        True
     """
 
     fsdp: int = 1
