@@ -90,7 +90,7 @@ def assert_close(a: list, b: list) -> None:
         np.testing.assert_allclose(left, right, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("devices,parallelism", [(4, "ddp"), (4, "fsdp"), (8, "fsdp"), (8, "data2_fsdp2")])
+@pytest.mark.parametrize("devices,parallelism", [(4, "ddp"), (8, "ddp"), (4, "fsdp"), (8, "fsdp"), (8, "data2_fsdp2")])
 def test_strategies_train_to_the_single_device_parameters(devices, parallelism):
     report = run(devices, "mlp", parallelism)
     one, many = report["one"], report["many"]
@@ -110,10 +110,11 @@ def test_strategies_train_to_the_single_device_parameters(devices, parallelism):
         assert many["specs"]["module/layers/2/kernel"] == str(P("fsdp"))
 
 
-def test_tensor_parallel_gpt_equals_the_unsharded_one():
-    report = run(4, "gpt", "tensor2")
+@pytest.mark.parametrize("devices", [4, 8])
+def test_tensor_parallel_gpt_equals_the_unsharded_one(devices):
+    report = run(devices, "gpt", "tensor2")
     one, many = report["one"], report["many"]
-    assert many["mesh"] == {"data": 2, "fsdp": 1, "tensor": 2}
+    assert many["mesh"] == {"data": devices // 2, "fsdp": 1, "tensor": 2}
     assert many["specs"]["module/blocks/0/attention/qkv/kernel"] == str(P(None, "tensor"))
     assert many["specs"]["module/blocks/0/mlp/down/kernel"] == str(P("tensor"))
     assert many["specs"]["module/tokens/embedding"] == str(P())
