@@ -198,6 +198,8 @@ class Alibi(Algorithm):
                           algorithms=[Alibi(max_sequence_length=1024)])
     """
 
+    required_modules = (CausalSelfAttention,)
+
     def __init__(self, max_sequence_length: int = 8192, train_sequence_length_scaling: float = 1.0) -> None:
         if isinstance(max_sequence_length, bool) or not isinstance(max_sequence_length, int) or max_sequence_length < 1:
             raise ValueError(f"max_sequence_length={max_sequence_length!r}: expected a positive integer")

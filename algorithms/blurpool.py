@@ -183,6 +183,8 @@ class BlurPool(Algorithm):
                           algorithms=[BlurPool(min_channels=16)])
     """
 
+    required_modules = (nnx.Conv,)
+
     def __init__(self, replace_convs: bool = True, replace_maxpools: bool = True, blur_first: bool = True,
                  min_channels: int = 16) -> None:
         _check_arguments(replace_convs, replace_maxpools, blur_first, min_channels)

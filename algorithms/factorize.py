@@ -260,6 +260,8 @@ class Factorize(Algorithm):
         trainer = Trainer(model, loader, '1ep', algorithms=[Factorize(min_features=512, latent_features=0.25)])
     """
 
+    required_modules = (nnx.Linear, nnx.Conv)
+
     def __init__(
         self,
         factorize_convs: bool = True,

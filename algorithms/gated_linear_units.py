@@ -131,6 +131,8 @@ class GatedLinearUnits(Algorithm):
                           algorithms=[GatedLinearUnits()])
     """
 
+    required_modules = (FeedForward,)
+
     def __init__(self, act_fn: Activation | None = None, gated_layer_bias: bool = False,
                  non_gated_layer_bias: bool = False) -> None:
         _validate(act_fn, gated_layer_bias, non_gated_layer_bias)

@@ -151,6 +151,8 @@ class GhostBatchNorm(Algorithm):
                           algorithms=[GhostBatchNorm(ghost_batch_size=32)])
     """
 
+    required_modules = (nnx.BatchNorm,)
+
     def __init__(self, ghost_batch_size: int = 32) -> None:
         _check_ghost_batch_size(ghost_batch_size)
         self.ghost_batch_size = ghost_batch_size

@@ -138,6 +138,8 @@ class LowPrecisionLayerNorm(Algorithm):
                           algorithms=[LowPrecisionLayerNorm()])
     """
 
+    required_modules = (nnx.LayerNorm,)
+
     run_last = True
 
     def __init__(self, precision: str = "bf16") -> None:

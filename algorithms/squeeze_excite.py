@@ -117,6 +117,8 @@ class SqueezeExcite(Algorithm):
                           algorithms=[SqueezeExcite(latent_channels=64, min_channels=128)])
     """
 
+    required_modules = (nnx.Conv,)
+
     def __init__(self, latent_channels: float = 64, min_channels: int = 128, seed: int | None = None) -> None:
         _check_arguments(latent_channels, min_channels)
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):

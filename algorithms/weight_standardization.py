@@ -106,6 +106,8 @@ class WeightStandardization(Algorithm):
                           algorithms=[WeightStandardization(n_last_layers_ignore=0)])
     """
 
+    required_modules = (nnx.Conv,)
+
     def __init__(self, n_last_layers_ignore: int = 0) -> None:
         _check_n_last_layers_ignore(n_last_layers_ignore)
         self.n_last_layers_ignore = n_last_layers_ignore

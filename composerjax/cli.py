@@ -1,8 +1,10 @@
-"""The ``composerjax`` command line: launch multi-process runs, inspect and chart finished ones.
+"""The ``composerjax`` command line: train and explain recipes, launch multi-process runs, inspect finished ones.
 
 Each subcommand is one ``_add_<name>(subparsers)`` function that declares its arguments and one
-``<name>_command(args) -> int`` that runs it; ``main`` dispatches. Bad input (a missing run folder
-or file, an unreadable line) exits with status 2 and a one-line message, never a traceback.
+``<name>_command(args) -> int`` that runs it; ``main`` dispatches. Bad input (a recipe with
+problems, a missing run folder or file, an unreadable line) exits with status 2 and a message,
+never a traceback. Any other error exits with status 1 and one line naming the exception;
+``--debug`` (before or after the subcommand) shows its traceback instead.
 
 Example:
     >>> main(['traces', '/no/such/run'])
@@ -20,7 +22,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["main", "build_parser", "traces_command", "plot_command", "launch_command", "UsageError"]
+__all__ = ["main", "build_parser", "train_command", "explain_command", "traces_command", "plot_command",
+           "launch_command", "UsageError"]
 
 TRACES_FILE = "traces.jsonl"
 METRICS_FILE = "metrics.jsonl"
@@ -31,14 +34,25 @@ class UsageError(Exception):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line with ``argv`` (default ``sys.argv[1:]``) and return the exit status."""
+    """Run the command line with ``argv`` (default ``sys.argv[1:]``) and return the exit status.
+
+    ``SystemExit`` passes through untouched, so a run stopped by a signal
+    (:class:`composerjax.TrainingInterrupted`) exits with its own status (130, 143).
+    """
     parser = build_parser()
     args = parser.parse_args(argv)
+    debug = bool(getattr(args, "debug", False) or getattr(args, "global_debug", False))
     try:
         return args.handler(args)
     except UsageError as error:
         print(f"composerjax {args.command}: error: {error}", file=sys.stderr)
         return 2
+    except Exception as error:
+        if debug:
+            raise
+        print(f"composerjax {args.command}: error: {type(error).__name__}: {error}", file=sys.stderr)
+        print(f"composerjax {args.command}: run with --debug for the traceback", file=sys.stderr)
+        return 1
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -46,14 +60,171 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="composerjax",
         description=(
-            "Start a multi-process run on this machine (launch) and inspect finished runs: which algorithms ran "
-            "where (traces) and how training went (plot)."
+            "Train a recipe (train), show what a recipe will run without training (explain), start a multi-process "
+            "run on this machine (launch) and inspect finished runs: which algorithms ran where (traces) and how "
+            "training went (plot). 'composerjax COMMAND --help' describes each command."
         ),
+        epilog=_EXIT_STATUSES + "\n\nexample: composerjax train examples/digits_speedup.yaml --set max_duration=1ep",
+        formatter_class=_HelpFormatter,
     )
+    parser.add_argument("--debug", dest="global_debug", action="store_true",
+                        help="show the full traceback of an unexpected error instead of a one-line message")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for add_subcommand in _SUBCOMMANDS:
         add_subcommand(subparsers)
     return parser
+
+
+class _HelpFormatter(argparse.HelpFormatter):
+    """Wraps one-line paragraphs (descriptions) and keeps multi-line ones (exit statuses, examples) as written."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        import textwrap
+
+        paragraphs = []
+        for paragraph in text.split("\n\n"):
+            if "\n" in paragraph:
+                paragraphs.append("\n".join(indent + line for line in paragraph.splitlines()))
+            else:
+                paragraphs.append(textwrap.fill(paragraph, width, initial_indent=indent, subsequent_indent=indent))
+        return "\n\n".join(paragraphs)
+
+
+_EXIT_STATUSES = """exit statuses:
+  0    success
+  1    an unexpected error (one line; --debug shows the traceback)
+  2    bad input: a recipe with problems (every one listed), a missing file or folder"""
+
+
+def _add_debug(parser: argparse.ArgumentParser) -> None:
+    # SUPPRESS: when not given here, the top-level `composerjax --debug` value is kept.
+    parser.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                        help="show the full traceback of an unexpected error instead of a one-line message")
+
+
+def _add_recipe_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("recipe", metavar="RECIPE",
+                        help="a YAML or JSON recipe (a TrainerConfig: model, data, optimizer, schedule, "
+                             "max_duration, algorithms, callbacks, loggers, ...); see examples/*.yaml")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE",
+                        help="change one recipe value before validation, parsed as YAML; repeatable. Dots for "
+                             "mappings, [i] for list items: --set max_duration=2ep --set optimizer.lr=0.01 "
+                             "--set algorithms[0].mixup.alpha=0.4")
+    _add_debug(parser)
+
+
+def _load_recipe(args: argparse.Namespace) -> Any:
+    """The validated TrainerConfig of ``args.recipe`` with ``--set`` overrides; problems -> UsageError."""
+    from composerjax.trainer.config import ConfigError, load_config
+
+    try:
+        return load_config(args.recipe, args.overrides)
+    except ConfigError as error:
+        raise UsageError(str(error)) from None
+
+
+# -- composerjax train -----------------------------------------------------------------------------
+def _add_train(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "train",
+        help="train the model a recipe describes, then evaluate it",
+        description=(
+            "Load RECIPE (YAML or JSON), apply the --set overrides, validate it (every problem is listed with its "
+            "field path, e.g. algorithms[0].mixup.alpha, and close matches for misspelt names), build the Trainer, "
+            "fit() for max_duration, evaluate once more when the data has an eval split, and print the results: "
+            "run name, batches trained, final train loss, eval metrics and wall time. Logs and checkpoints go "
+            "where the recipe's loggers, run_dir and save_folder say. A run stopped by SIGTERM or SIGINT exits "
+            "with 143 or 130 after its checkpoint is saved."
+        ),
+        epilog=_EXIT_STATUSES + "\n  130  interrupted by SIGINT (143: by SIGTERM), after saving a checkpoint\n\n"
+                                "examples:\n"
+                                "  composerjax train examples/digits_baseline.yaml\n"
+                                "  composerjax train examples/digits_speedup.yaml --set max_duration=2ep "
+                                "--set progress_bar=false",
+        formatter_class=_HelpFormatter,
+    )
+    _add_recipe_arguments(parser)
+    parser.set_defaults(handler=train_command)
+
+
+def train_command(args: argparse.Namespace) -> int:
+    """``composerjax train RECIPE [--set KEY.PATH=VALUE ...] [--debug]``."""
+    import time
+
+    from composerjax.trainer.config import ConfigError, build_trainer
+
+    config = _load_recipe(args)
+    start = time.perf_counter()
+    try:
+        trainer = build_trainer(config)
+    except ConfigError as error:  # problems only the data can show (a warmup longer than the run)
+        raise UsageError(str(error)) from None
+    try:
+        trainer.fit()
+        results = trainer.eval() if trainer.eval_dataloader is not None else None
+    finally:
+        trainer.close()
+    print(_format_results(trainer, results, time.perf_counter() - start))
+    return 0
+
+
+def _format_results(trainer: Any, results: dict[str, float] | None, seconds: float) -> str:
+    state = trainer.state
+    timestamp = state.timestamp
+    epochs = int(timestamp.epoch)
+    epochs_done = f"{epochs} epoch{'' if epochs == 1 else 's'} complete"
+    lines = [f"run {state.run_name}: {int(timestamp.batch)} batches ({epochs_done}), {seconds:.1f} s wall "
+             "(compiles included)"]
+    try:
+        loss = float(state.loss)
+    except (TypeError, ValueError):
+        loss = None
+    if loss is not None:
+        lines.append(f"  final train loss  {loss:.4f}")
+    if results:
+        width = max(len(name) for name in results)
+        lines.append("  eval")
+        lines.extend(f"    {name.ljust(width)}  {value:.4f}" for name, value in results.items())
+    elif results is None:
+        lines.append("  eval              (the data has no eval split)")
+    return "\n".join(lines)
+
+
+# -- composerjax explain ---------------------------------------------------------------------------
+def _add_explain(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "explain",
+        help="show what a recipe will run, event by event, without training",
+        description=(
+            "Load and validate RECIPE like 'composerjax train' does, then print without training: for each event, "
+            "the algorithms that will run there in order once the ordering passes have run, and any conflicts "
+            "between them. --json prints the same as one JSON object."
+        ),
+        epilog=_EXIT_STATUSES + "\n\nexamples:\n"
+                                "  composerjax explain examples/digits_speedup.yaml\n"
+                                "  composerjax explain examples/gpt_pydoc.yaml --json",
+        formatter_class=_HelpFormatter,
+    )
+    _add_recipe_arguments(parser)
+    parser.add_argument("--json", action="store_true", help="print the explanation as JSON instead of text")
+    parser.set_defaults(handler=explain_command)
+
+
+def explain_command(args: argparse.Namespace) -> int:
+    """``composerjax explain RECIPE [--set KEY.PATH=VALUE ...] [--json] [--debug]``."""
+    from composerjax.explain import explain
+    from composerjax.trainer.config import ConfigError
+
+    config = _load_recipe(args)
+    try:
+        explanation = explain(config)
+    except ConfigError as error:  # problems only the data can show (a warmup longer than the run)
+        raise UsageError(str(error)) from None
+    if args.json:
+        print(json.dumps(explanation.to_dict(), indent=2, default=str))
+    else:
+        print(explanation.render())
+    return 0
 
 
 # -- composerjax traces ----------------------------------------------------------------------------
@@ -68,9 +239,13 @@ def _add_traces(subparsers: Any) -> None:
             "and the total host time of their apply. With --diff, show only where two runs differ: algorithms "
             "present at an event in one run and not the other, a different order, different run counts."
         ),
+        epilog=_EXIT_STATUSES + "\n\nexamples:\n  composerjax traces runs/digits-speedup\n"
+                                "  composerjax traces runs/digits-speedup --diff runs/digits-baseline",
+        formatter_class=_HelpFormatter,
     )
     parser.add_argument("run_dir", metavar="RUN_DIR", help="a run folder holding traces.jsonl (or the file itself)")
     parser.add_argument("--diff", metavar="OTHER_RUN", help="another run folder (or traces.jsonl) to compare against")
+    _add_debug(parser)
     parser.set_defaults(handler=traces_command)
 
 
@@ -236,9 +411,13 @@ def _add_plot(subparsers: Any) -> None:
             "(names containing 'throughput'). Charts without values are skipped. Needs matplotlib "
             "(pip install matplotlib)."
         ),
+        epilog=_EXIT_STATUSES.replace("(one line;", "or matplotlib missing (one line;")
+        + "\n\nexample: composerjax plot runs/digits-baseline --out charts/",
+        formatter_class=_HelpFormatter,
     )
     parser.add_argument("run_dir", metavar="RUN_DIR", help="a run folder holding metrics.jsonl (or the file itself)")
     parser.add_argument("--out", metavar="DIR", help="where to write the PNG files (default: RUN_DIR/plots)")
+    _add_debug(parser)
     parser.set_defaults(handler=plot_command)
 
 
@@ -309,7 +488,15 @@ def _add_launch(subparsers: Any) -> None:
             "and printing its last lines. SIGINT/SIGTERM sent to the launcher are passed on to every process "
             "(a second one kills them)."
         ),
-        epilog="example: composerjax launch -n 2 --devices-per-process 4 train.py --epochs 3",
+        epilog=(
+            "exit statuses:\n"
+            "  0    every process exited with 0\n"
+            "  N    the status of the first process that failed (its rank and last lines are printed)\n"
+            "  1    an unexpected error in the launcher (one line; --debug shows the traceback)\n"
+            "  2    bad arguments (N < 1, a missing SCRIPT, a port out of range)\n\n"
+            "example: composerjax launch -n 2 --devices-per-process 4 train.py --epochs 3"
+        ),
+        formatter_class=_HelpFormatter,
     )
     parser.add_argument("-n", "--num-processes", type=int, required=True, metavar="N",
                         help="how many processes to start (ranks 0..N-1)")
@@ -320,9 +507,10 @@ def _add_launch(subparsers: Any) -> None:
     parser.add_argument("--grace-period", type=float, default=5.0, metavar="SECONDS",
                         help="after a failure, seconds between SIGTERM and SIGKILL for the other processes "
                              "(default: 5)")
+    _add_debug(parser)
     parser.add_argument("script", metavar="SCRIPT", help="the Python script every process runs")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, metavar="ARGS",
-                        help="arguments passed on to SCRIPT")
+                        help="arguments passed on to SCRIPT (options after SCRIPT belong to it)")
     parser.set_defaults(handler=launch_command)
 
 
@@ -376,4 +564,4 @@ def _read_jsonl(path: str) -> list[tuple[str, int, dict[str, Any]]]:
     return records
 
 
-_SUBCOMMANDS: tuple[Callable[[Any], None], ...] = (_add_launch, _add_traces, _add_plot)
+_SUBCOMMANDS: tuple[Callable[[Any], None], ...] = (_add_train, _add_explain, _add_launch, _add_traces, _add_plot)

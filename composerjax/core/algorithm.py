@@ -30,6 +30,9 @@ class Algorithm:
     * ``run_first`` / ``run_last``: sort this algorithm before / after the others at every event.
     * ``interpolates_loss``: this algorithm mixes losses (MixUp, CutMix); more than one warns.
 
+    Read by ``composerjax explain``: ``required_modules``, the module classes (any of them) the
+    algorithm acts on; a model with none of them is reported as a conflict.
+
     Example:
         >>> import jax.numpy as jnp
         >>> class ScaleLoss(Algorithm):
@@ -46,6 +49,7 @@ class Algorithm:
     run_first: bool = False
     run_last: bool = False
     interpolates_loss: bool = False
+    required_modules: tuple[type, ...] = ()
 
     @property
     def name(self) -> str:

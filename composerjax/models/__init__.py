@@ -2,6 +2,7 @@
 
 from composerjax.models.composer_model import ComposerClassifier, ComposerModel, MetricSums
 from composerjax.models.gpt import CausalSelfAttention, DecoderBlock, FeedForward, PositionEmbedding, TinyGPT
+from composerjax.models.mlp import MLP
 from composerjax.models.resnet import BasicBlock, SmallResNet
 from composerjax.models.small_cnn import SmallCNN
 
@@ -12,6 +13,7 @@ __all__ = [
     "ComposerModel",
     "DecoderBlock",
     "FeedForward",
+    "MLP",
     "MetricSums",
     "PositionEmbedding",
     "SmallCNN",

@@ -265,6 +265,7 @@ class Trainer:
             "eval_interval",
         )
         destinations = _as_list(loggers, LoggerDestination, "loggers")
+        self._given_loggers = list(destinations)
         if progress_bar:
             bar = ProgressBarLogger()
             if not bar.disable:  # a hidden bar would still make the trainer fetch losses
@@ -290,6 +291,7 @@ class Trainer:
         self.handle_signals = handle_signals
         self.stop_reason: str | None = None
         self.resumed_from: int | None = None
+        self.config: Any = None  # the TrainerConfig, when built from one
         self._stop_signal: int | None = None
         self._fit_started_at: float | None = None
         self._batch_signature: Any = None
@@ -312,6 +314,27 @@ class Trainer:
                 self._load(loader, step, load_weights_only, "load_path")
             finally:
                 loader.close()
+
+    # -- declarative use -------------------------------------------------------------------------
+    @classmethod
+    def from_config(cls, config: Any, overrides: Sequence[str] = (), **arguments: Any) -> Trainer:
+        """Build a Trainer from a ``TrainerConfig``, a dict or a YAML/JSON recipe path.
+
+        Example::
+
+            trainer = Trainer.from_config("examples/digits_speedup.yaml", overrides=["max_duration=1ep"])
+        """
+        from composerjax.trainer.config import TrainerConfig, build_trainer, load_config
+
+        if not isinstance(config, TrainerConfig) or overrides:
+            config = load_config(config.to_dict() if isinstance(config, TrainerConfig) else config, overrides)
+        return build_trainer(config, **arguments)
+
+    def to_config(self) -> Any:
+        """This run as a ``TrainerConfig`` (needs a trainer built from a config; see ``from_config``)."""
+        from composerjax.trainer.config import trainer_to_config
+
+        return trainer_to_config(self)
 
     # -- checkpoints -----------------------------------------------------------------------------
     def _load(self, checkpointer: Checkpointer, step: int | None, weights_only: bool, field: str) -> None:

@@ -1,0 +1,92 @@
+"""Model factories: build a reference model from plain hyperparameters, for recipes and the CLI.
+
+Each is registered by name in ``composerjax.registry.models`` (entry-point group ``composerjax.models``),
+so a YAML recipe says ``model: {name: digits_cnn, num_classes: 10}``.
+"""
+
+from __future__ import annotations
+
+from flax import nnx
+
+from composerjax.models.composer_model import ComposerClassifier
+from composerjax.models.gpt import TinyGPT
+from composerjax.models.mlp import MLP
+from composerjax.models.resnet import SmallResNet
+from composerjax.models.small_cnn import SmallCNN
+
+__all__ = ["digits_cnn", "mlp", "small_resnet", "tiny_gpt"]
+
+
+def digits_cnn(num_classes: int = 10, seed: int = 0) -> ComposerClassifier:
+    """Return a :class:`SmallCNN` classifier for 8x8 single-channel images (the ``digits`` data).
+
+    Args:
+        num_classes: the number of classes.
+        seed: seeds the parameter initialisation.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> digits_cnn(num_classes=10).forward((jnp.zeros((2, 8, 8)), None)).shape
+        (2, 10)
+    """
+    return ComposerClassifier(SmallCNN(num_classes=num_classes, rngs=nnx.Rngs(seed)), num_classes)
+
+
+def small_resnet(num_classes: int = 10, width: int = 16, in_channels: int = 1, seed: int = 0) -> ComposerClassifier:
+    """Return a :class:`SmallResNet` classifier (two residual stages) for small images.
+
+    Args:
+        num_classes: the number of classes.
+        width: channels of the first stage (the second has twice as many).
+        in_channels: channels of the input images (1 for ``(N, H, W)`` inputs).
+        seed: seeds the parameter initialisation.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> small_resnet(num_classes=3, width=4).forward((jnp.zeros((2, 8, 8)), None)).shape
+        (2, 3)
+    """
+    module = SmallResNet(num_classes=num_classes, width=width, in_channels=in_channels, rngs=nnx.Rngs(seed))
+    return ComposerClassifier(module, num_classes)
+
+
+def tiny_gpt(vocab_size: int = 256, dim: int = 64, depth: int = 2, num_heads: int = 4, max_length: int = 128,
+             seed: int = 0) -> ComposerClassifier:
+    """Return a :class:`TinyGPT` next-token model: ``(N, T)`` int tokens to ``(N, T, vocab_size)`` logits.
+
+    Pairs with the ``pydoc_text`` data (bytes, ``vocab_size=256``).
+
+    Args:
+        vocab_size: the number of distinct tokens.
+        dim: the width of the residual stream.
+        depth: the number of decoder blocks.
+        num_heads: attention heads per block (must divide ``dim``).
+        max_length: the longest sequence the position embedding covers.
+        seed: seeds the parameter initialisation.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> model = tiny_gpt(dim=16, depth=1, num_heads=2, max_length=8)
+        >>> model.forward((jnp.zeros((2, 8), jnp.int32), None)).shape
+        (2, 8, 256)
+    """
+    module = TinyGPT(vocab_size=vocab_size, dim=dim, depth=depth, num_heads=num_heads, max_length=max_length,
+                     rngs=nnx.Rngs(seed))
+    return ComposerClassifier(module, vocab_size)
+
+
+def mlp(sizes: list[int], seed: int = 0) -> ComposerClassifier:
+    """Return an :class:`MLP` classifier; ``sizes`` runs from input features to classes.
+
+    Inputs are flattened, so ``sizes=[64, 32, 10]`` fits the 8x8 ``digits`` images.
+
+    Args:
+        sizes: layer widths, input features first and the number of classes last.
+        seed: seeds the parameter initialisation.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> mlp([64, 32, 10]).forward((jnp.zeros((2, 8, 8)), None)).shape
+        (2, 10)
+    """
+    return ComposerClassifier(MLP(sizes, rngs=nnx.Rngs(seed)), list(sizes)[-1])

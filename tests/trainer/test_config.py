@@ -1,0 +1,159 @@
+"""TrainerConfig: round trips, every error path at once, schedules in Time units, explain against the trace log."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import optax
+import pytest
+
+from composerjax import Trainer
+from composerjax.core.event import TRAIN_STEP_EVENTS
+from composerjax.explain import explain
+from composerjax.trainer.config import ConfigError, TrainerConfig, build_trainer, learning_rate, load_config
+
+RECIPE = {
+    "model": {"name": "mlp", "sizes": [64, 16, 10]},
+    "data": {"name": "digits", "batch_size": 100},
+    "optimizer": {"name": "adamw", "lr": 0.01, "weight_decay": 0.001},
+    "schedule": {"name": "cosine", "warmup": "10%", "final_lr_fraction": 0.1},
+    "max_duration": "2ep",
+    "algorithms": [{"label_smoothing": {"smoothing": 0.1}}, {"name": "ema", "half_life": "5ba"},
+                   "gradient_clipping"],
+    "callbacks": [{"name": "speed_monitor", "window_size": 5}],
+    "loggers": [{"in_memory": {}}],
+    "progress_bar": False,
+    "run_summary": False,
+    "seed": 3,
+}
+
+
+def test_config_to_trainer_to_config_round_trips():
+    config = load_config(RECIPE)
+    trainer = Trainer.from_config(config)
+    assert [type(a).__name__ for a in trainer.state.algorithms] == ["LabelSmoothing", "EMA", "GradientClipping"]
+    assert trainer.state.algorithms[0].smoothing == 0.1 and trainer._seed == 3
+    back = trainer.to_config()
+    assert back.to_dict()["algorithms"][0] == {"name": "label_smoothing", "smoothing": 0.1}
+    assert back.algorithms[1].hparams["half_life"] == "5ba"
+    # Every setting survives (components with all their hyperparameters, defaults written out).
+    again = Trainer.from_config(back).to_config()
+    assert again.to_dict() == back.to_dict()
+    assert TrainerConfig.from_dict(json.loads(json.dumps(back.to_dict()))) == back
+
+
+def test_yaml_json_files_and_overrides(tmp_path):
+    import yaml
+
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump(RECIPE))
+    (tmp_path / "r.json").write_text(json.dumps(RECIPE))
+    from_yaml = load_config(tmp_path / "r.yaml", ["optimizer.lr=0.5", "algorithms[1].half_life=7ba",
+                                                 "algorithms.0.label_smoothing.smoothing=0.2", "max_duration=3ba"])
+    assert from_yaml.optimizer.lr == 0.5 and from_yaml.max_duration == "3ba"
+    assert from_yaml.algorithms[1].hparams["half_life"] == "7ba"
+    assert from_yaml.algorithms[0].hparams["smoothing"] == 0.2
+    assert load_config(tmp_path / "r.json") == load_config(RECIPE)
+    assert TrainerConfig.from_dict(yaml.safe_load(load_config(RECIPE).to_yaml())) == load_config(RECIPE)
+    (tmp_path / "broken.yaml").write_text("model: [unclosed")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(tmp_path / "broken.yaml")
+
+
+def test_every_problem_is_listed_at_once_with_its_field_path():
+    bad = {
+        **RECIPE,
+        "max_durration": "2ep",
+        "algorithms": ["label_smoothing", {"mixup": {"alpha": "lots", "nope": 1}}, {"mixpu": {}},
+                       {"cutmix": {"alpha": -1.0}}],
+        "callbacks": [{"name": "speed_monitr"}],
+        "optimizer": {"name": "adamm", "lr": 0.1},
+        "seed": "zero",
+    }
+    with pytest.raises(ConfigError) as caught:
+        load_config(bad)
+    problems = caught.value.problems
+    text = "\n".join(problems)
+    assert any(p.startswith("max_durration:") and "Extra inputs are not permitted" in p for p in problems)
+    assert any(p.startswith("seed:") for p in problems)
+    assert any(p.startswith("algorithms[1].mixup.alpha:") and "'lots'" in p for p in problems)
+    assert any(p.startswith("algorithms[1].mixup.nope:") for p in problems)
+    assert any(p.startswith("algorithms[2].name:") and "did you mean 'mixup'" in p for p in problems)
+    assert any(p.startswith("algorithms[3].cutmix.alpha:") and "-1" in p for p in problems)  # the range check
+    assert any(p.startswith("callbacks[0].name:") and "'speed_monitor'" in p for p in problems)
+    assert any(p.startswith("optimizer.name:") and "'adam'" in p for p in problems)
+    assert len(problems) == 8, text
+
+
+def test_optimizer_arguments_and_import_paths():
+    with pytest.raises(ConfigError, match=r"optimizer.momentun: optax.sgd has no argument 'momentun'"):
+        load_config({**RECIPE, "optimizer": {"name": "sgd", "lr": 0.1, "momentun": 0.9}})
+    config = load_config({**RECIPE, "algorithms": [{"name": "composerjax.algorithms:MixUp", "alpha": 0.3}]})
+    assert type(build_trainer(config).state.algorithms[0]).__name__ == "MixUp"
+    with pytest.raises(ConfigError, match=r"algorithms\[0\].name: .*no_such_module"):
+        load_config({**RECIPE, "algorithms": [{"name": "no_such_module:Thing"}]})
+
+
+def test_schedule_in_time_units_matches_optax_closed_forms():
+    config = load_config(RECIPE)  # 1500 samples / 100 = 15 batches an epoch, 2 epochs: 30 steps, warmup 10% = 3
+    schedule = learning_rate(config, steps_per_epoch=15)
+    assert schedule(0) == 0.0
+    np.testing.assert_allclose(schedule(3), 0.01, rtol=1e-6)
+    # cosine from step 3 to 30 down to 10% of the peak
+    cosine = optax.cosine_decay_schedule(0.01, 27, alpha=0.1)
+    for step in (4, 10, 20, 30):
+        np.testing.assert_allclose(schedule(step), cosine(step - 3), rtol=1e-6)
+    np.testing.assert_allclose(schedule(30), 0.001, rtol=1e-5)
+    linear = learning_rate(load_config({**RECIPE, "schedule": {"name": "linear", "warmup": "1ep"}}), 15)
+    np.testing.assert_allclose([linear(15), linear(30)], [0.01, 0.0], atol=1e-9)
+    assert learning_rate(load_config({**RECIPE, "schedule": None}), 15) == 0.01
+    with pytest.raises(ConfigError, match="schedule.warmup"):
+        learning_rate(load_config({**RECIPE, "schedule": {"name": "cosine", "warmup": "5ep"}}), 15)
+
+
+def test_explain_matches_the_order_the_engine_used():
+    swa = {"swa_start": "0.5dur", "swa_end": "0.9dur", "update_interval": "1ba"}
+    recipe = {**RECIPE, "max_duration": "10ba", "schedule": None,
+              "algorithms": [{"ema": {"half_life": "5ba"}}, {"selective_backprop": {"start": 0.0, "end": 1.0}},
+                             {"label_smoothing": {"smoothing": 0.1}}, {"swa": swa}]}
+    config = load_config(recipe)
+    explanation = explain(config)
+    trainer = build_trainer(config)
+    trainer.fit()
+    # What the engine really ran, step by step, from the trace log: "EVENT: A, B" per traced event.
+    ran: dict[int, dict[str, list[str]]] = {}
+    for trace in trainer.engine.trace_log:
+        if trace.traced:
+            ran.setdefault(trace.batch, {}).setdefault(trace.event.name, []).append(trace.name)
+    changes = explanation.plan_changes
+    for batch in range(10):
+        predicted = [change for change in changes if change["batch"] <= batch][-1]["algorithms"]
+        actual = [f"{event}: {', '.join(names)}" for event, names in ran.get(batch, {}).items()]
+        assert predicted == actual, (batch, predicted, actual)
+    # Per event, explain lists every algorithm that runs there at some step, in the engine's order.
+    explained = {plan.event: plan.algorithms for plan in explanation.events
+                 if plan.traced and plan.event in {e.name for e in TRAIN_STEP_EVENTS}}
+    for steps in ran.values():
+        for event, names in steps.items():
+            assert [n for n in explained[event] if n in names] == names
+    assert set(explained["AFTER_TRAIN_BATCH"]) == {"EMA", "SWA"}
+    # passes: selective backprop runs first; AFTER_ events run in reverse (first in, last out)
+    assert explained["AFTER_TRAIN_BATCH"][-1] == "EMA"
+    moved = {(plan.event, move["pass"]) for plan in explanation.events for move in plan.moved_by}
+    assert ("AFTER_TRAIN_BATCH", "set_filo_order") in moved
+    # the plans the walk predicted are the train steps that compiled
+    train_compiles = sum(1 for record in trainer.state.compiled_steps if record.kind == "train")
+    assert explanation.train_plans == train_compiles == len({tuple(c["algorithms"]) for c in changes}) > 1
+    assert explanation.conflicts == []
+    assert "AFTER_TRAIN_BATCH (traced" in explanation.render()
+
+
+def test_explain_reports_conflicts():
+    config = load_config({**RECIPE, "algorithms": [{"mixup": {"interpolate_loss": True}},
+                                                   {"cutmix": {"interpolate_loss": True}}, {"blurpool": {}}]})
+    with pytest.warns(UserWarning):  # BlurPool's own warning at INIT, and the engine's interpolation warning
+        conflicts = explain(config).conflicts
+    assert conflicts == [
+        "BlurPool acts on nnx.Conv modules, and the model (ComposerClassifier) has none: it will change nothing",
+        "2 algorithms interpolate the loss (MixUp, CutMix) at BEFORE_FORWARD, BEFORE_BACKWARD; their effects compound",
+    ]
