@@ -127,7 +127,8 @@ class TrainerConfig(BaseModel):
     callbacks: list[ComponentSpec] = Field(default_factory=list)
     loggers: list[ComponentSpec] = Field(default_factory=list)
     eval_interval: str | int | None = None
-    device_train_microbatch_size: int | None = None
+    device_train_microbatch_size: int | str | None = None
+    device_memory_budget: int | None = None
     precision: str = "fp32"
     seed: int = 0
     run_name: str | None = None

@@ -94,7 +94,13 @@ class Trainer:
         eval_interval: how often to evaluate during ``fit`` (``'1ep'`` by default when there is
             eval data; an int means epochs).
         device_train_microbatch_size: split each batch into microbatches of this size and
-            accumulate gradients inside the step (a ``lax.scan``).
+            accumulate gradients inside the step (a ``lax.scan``). ``'auto'`` picks, before the
+            first step runs, the largest divisor of the batch whose compiled step fits
+            ``device_memory_budget`` (read from ``compiled.memory_analysis()``: arguments + outputs
+            - donated + temporaries); the choice is in ``trainer.microbatch_size`` and
+            ``state.run_summary['microbatch_candidates']``.
+        device_memory_budget: bytes a train step may use, for ``'auto'`` (on GPU/TPU the default
+            is 90% of the device's ``bytes_limit``; CPU has no limit to read, so it must be given).
         precision: ``'fp32'`` or ``'bf16'`` (bf16 compute, fp32 weights and optimizer state).
         seed: seeds ``state.rng`` and the per-step ``state.step_rng``.
         run_name: the run's name (defaults to a timestamped one).
@@ -175,7 +181,7 @@ class Trainer:
         loggers: LoggerDestination | Sequence[LoggerDestination] = (),
         eval_dataloader: Iterable[Any] | None = None,
         eval_interval: Time | str | int | None = None,
-        device_train_microbatch_size: int | None = None,
+        device_train_microbatch_size: int | str | None = None,
         precision: str = "fp32",
         seed: int = 0,
         run_name: str | None = None,
@@ -198,17 +204,22 @@ class Trainer:
         time_limit: Time | str | None = None,
         skip_nonfinite_updates: bool = False,
         handle_signals: bool = True,
+        device_memory_budget: int | None = None,
     ) -> None:
         if not isinstance(model, nnx.Module):
             raise TypeError(f"model is a {type(model).__name__}; expected a flax nnx.Module")
         compute_dtype(precision)  # validates
         if not isinstance(log_interval, int) or log_interval < 1:
             raise ValueError(f"log_interval={log_interval!r}: expected a positive integer (batches)")
-        if device_train_microbatch_size is not None and (
-            not isinstance(device_train_microbatch_size, int) or device_train_microbatch_size < 1
+        if device_train_microbatch_size is not None and device_train_microbatch_size != "auto" and (
+            isinstance(device_train_microbatch_size, bool) or not isinstance(device_train_microbatch_size, int)
+            or device_train_microbatch_size < 1
         ):
             raise ValueError(f"device_train_microbatch_size={device_train_microbatch_size!r}: expected a "
-                             "positive integer or None")
+                             "positive integer, 'auto' or None")
+        if device_memory_budget is not None and (isinstance(device_memory_budget, bool) or not isinstance(
+                device_memory_budget, int) or device_memory_budget < 1):
+            raise ValueError(f"device_memory_budget={device_memory_budget!r}: expected a positive number of bytes")
         if not isinstance(seed, int):
             raise ValueError(f"seed={seed!r}: expected an integer")
         optimizer = optimizers if optimizers is not None else optax.adam(1e-3)
@@ -280,7 +291,9 @@ class Trainer:
                 attach(self.engine)
         self.log_interval = log_interval
         self.parallelism = strategy
-        self.microbatch_size = device_train_microbatch_size
+        self._auto_microbatch = device_train_microbatch_size == "auto"
+        self.microbatch_size = None if self._auto_microbatch else device_train_microbatch_size
+        self.device_memory_budget = device_memory_budget
         self.run_summary = run_summary
         if tokens_per_batch is not None and not callable(tokens_per_batch):
             raise TypeError(f"tokens_per_batch={tokens_per_batch!r}: expected a callable fn(batch) -> int or None")
@@ -301,6 +314,8 @@ class Trainer:
         if save_folder is not None:
             keep = None if save_num_checkpoints_to_keep == -1 else save_num_checkpoints_to_keep
             self.checkpointer = Checkpointer(os.fspath(save_folder), save_interval, keep, save_weights_only)
+        if self._auto_microbatch and device_memory_budget is None:
+            self.device_memory_budget = _default_memory_budget(self.mesh.devices.flat[0])
         self.engine.run_event(Event.INIT)
         self._build_device_state()
         self.hparams = self._hyperparameters(max_duration, save_interval, save_weights_only, time_limit)
@@ -356,7 +371,8 @@ class Trainer:
             "algorithms": [{"name": type(a).__name__, "hparams": _public_settings(a)} for a in state.algorithms],
             "callbacks": [{"name": type(c).__name__, "hparams": _public_settings(c)} for c in state.callbacks],
             "loggers": [type(d).__name__ for d in self._destinations],
-            "device_train_microbatch_size": self.microbatch_size,
+            "device_train_microbatch_size": "auto" if self._auto_microbatch else self.microbatch_size,
+            "device_memory_budget": self.device_memory_budget,
             "log_interval": self.log_interval,
             "parallelism": self.parallelism if isinstance(self.parallelism, str) else repr(self.parallelism),
             "mesh": dict(self.mesh.shape),
@@ -641,8 +657,10 @@ class Trainer:
         if state.model_changed:
             self._refresh_from_model()
         plan = builder.plan_train() if state.algorithms else ()
-        step = builder._train.get(plan) or builder.train_step(plan)
         batch = state.batch
+        if self._auto_microbatch:
+            self._choose_microbatch(plan, batch)
+        step = builder._train.get(plan) or builder.train_step(plan)
         samples = (batch[0] if type(batch) is tuple else jax.tree.leaves(batch)[0]).shape[0]
         if self._multi_process:
             batch = global_batch(batch, self._batch_sharding)
@@ -672,6 +690,37 @@ class Trainer:
             if len(self._pending) >= 2 * self.log_interval:
                 self._flush_logs(self.log_interval)
         return samples
+
+    def _choose_microbatch(self, plan: Any, batch: Any) -> None:
+        """Pick the largest microbatch whose compiled step fits the memory budget (before any step runs)."""
+        self._auto_microbatch = False
+        builder, budget = self.builder, self.device_memory_budget
+        global_batch_size = jax.tree.leaves(batch)[0].shape[0] * jax.process_count()
+        ways = int(np.prod([self.mesh.shape[axis] for axis in ("data", "fsdp")]))
+        divisors = [m for m in range(global_batch_size, 0, -1) if global_batch_size % m == 0]
+        candidates = [m for m in divisors if m % ways == 0] or divisors
+        abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding),
+                                self.state.train_state)
+        batch_abstract = jax.tree.map(
+            lambda a: jax.ShapeDtypeStruct((a.shape[0] * jax.process_count(), *a.shape[1:]), a.dtype,
+                                           sharding=self._batch_sharding), batch)
+        tried = []
+        for size in candidates:
+            builder.microbatch_size = None if size == global_batch_size else size
+            builder.clear()
+            stats = builder.train_step(plan).lower(abstract, batch_abstract).compile().memory_analysis()
+            need = (stats.argument_size_in_bytes + stats.output_size_in_bytes - stats.alias_size_in_bytes
+                    + stats.temp_size_in_bytes)
+            tried.append({"microbatch_size": size, "bytes": int(need)})
+            if need <= budget:
+                break
+        else:
+            raise ValueError(f"device_train_microbatch_size='auto': no microbatch of the {global_batch_size}-sample "
+                             f"batch fits device_memory_budget={budget} bytes; the smallest ({candidates[-1]}) needs "
+                             f"{tried[-1]['bytes']} bytes")
+        self.microbatch_size = builder.microbatch_size
+        self.microbatch_candidates = tried
+        self.state.run_summary["microbatch_candidates"] = tried
 
     def _log_run_summary(self) -> None:
         """Log and print the run summary once, before the first FIT_START."""
@@ -831,6 +880,16 @@ def _print(text: str) -> None:
     from tqdm import tqdm
 
     tqdm.write(text, file=sys.stdout)
+
+
+def _default_memory_budget(device: jax.Device) -> int:
+    """90% of an accelerator's memory limit; CPU has none to read."""
+    stats = device.memory_stats() if hasattr(device, "memory_stats") else None
+    limit = (stats or {}).get("bytes_limit")
+    if not limit:
+        raise ValueError(f"device_train_microbatch_size='auto' on {device.platform} needs "
+                         "device_memory_budget=<bytes>: this device reports no memory limit to fit the step into")
+    return int(limit * 0.9)
 
 
 def _to_time_limit(value: Time | str | int | float | None) -> float | None:
