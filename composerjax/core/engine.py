@@ -185,6 +185,11 @@ class Engine:
             quiet = self._quiet[events] = not any(event in self._listeners for event in events)
         return quiet
 
+    def has_listeners(self, events: tuple[Event, ...]) -> bool:
+        """Whether any callback or logger destination listens to one of ``events`` (algorithms aside)."""
+        self._refresh_listeners()
+        return any(self._listeners_for(event) for event in events)
+
     def _rebuild_listeners(self) -> None:
         self._callbacks_seen = self.state.callbacks
         self._callbacks_len = len(self._callbacks_seen)

@@ -409,6 +409,29 @@ class Timestamp:
         object.__setattr__(timestamp, "__dict__", fields)
         return timestamp
 
+    def to_next_batches(self, batches: int, samples: int = 0, tokens: int = 0, duration: float = 0.0) -> Timestamp:
+        """Return the clock after ``batches`` more batches of ``samples``/``tokens`` in all, taking ``duration``.
+
+        The same as calling :meth:`to_next_batch` once per batch (``batch_wct`` becomes the mean).
+
+        Example:
+            >>> Timestamp().to_next_batches(4, samples=32).sample
+            32
+        """
+        fields = self.__dict__.copy()
+        fields["batch"] += batches
+        fields["batch_in_epoch"] += batches
+        fields["sample"] += samples
+        fields["sample_in_epoch"] += samples
+        fields["token"] += tokens
+        fields["token_in_epoch"] += tokens
+        fields["total_wct"] += duration
+        fields["epoch_wct"] += duration
+        fields["batch_wct"] = duration / max(batches, 1)
+        timestamp = object.__new__(Timestamp)
+        object.__setattr__(timestamp, "__dict__", fields)
+        return timestamp
+
     def to_next_epoch(self, duration: float = 0.0) -> Timestamp:
         """Return the clock at the start of the next epoch; ``duration`` is end-of-epoch time outside batches.
 

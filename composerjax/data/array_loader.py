@@ -201,8 +201,11 @@ class ArrayLoader:
 
     def _iterate_epoch(self, epoch: int, first_batch: int) -> Iterator[Any]:
         order = self._order(epoch)
+        self._current_order = (epoch, order)
         leaves, treedef, bounds = self._leaves, self._treedef, self._bounds
-        for batch_index in range(first_batch, len(bounds)):
+        # The position lives on the loader (not in this generator), so next_stacked() can take batches too.
+        while self._epoch == epoch and self._batch_in_epoch < len(bounds):
+            batch_index = self._batch_in_epoch
             start, stop = bounds[batch_index]
             if order is None:
                 # Slices are views: no copy on the unshuffled path.
@@ -218,6 +221,40 @@ class ArrayLoader:
         if self._epoch == epoch and self._batch_in_epoch == len(bounds):
             self._epoch = epoch + 1
             self._batch_in_epoch = 0
+
+    def next_stacked(self, count: int) -> Any | None:
+        """Take the next ``count`` batches of the running epoch as one pytree with a leading ``count`` axis.
+
+        One gather instead of ``count`` batches and a stack (``Trainer(steps_per_call=K)`` uses it).
+        Returns None, taking nothing, when fewer than ``count`` equal, contiguous batches remain.
+
+        Example:
+            >>> loader = ArrayLoader(np.arange(12), batch_size=2, shuffle=False)
+            >>> iterator = iter(loader)
+            >>> loader.next_stacked(3).tolist()
+            [[0, 1], [2, 3], [4, 5]]
+            >>> next(iterator).tolist()
+            [6, 7]
+        """
+        first = self._batch_in_epoch
+        bounds = self._bounds
+        if first + count > len(bounds):
+            return None
+        window = bounds[first:first + count]
+        size = window[0][1] - window[0][0]
+        if any(stop - start != size or (i and start != window[i - 1][1]) for i, (start, stop) in enumerate(window)):
+            return None
+        epoch, order = getattr(self, "_current_order", (None, None))
+        if epoch != self._epoch:
+            order = self._order(self._epoch)
+        begin, end = window[0][0], window[-1][1]
+        if order is None:
+            taken = [leaf[begin:end].reshape(count, size, *leaf.shape[1:]) for leaf in self._leaves]
+        else:
+            indices = order[begin:end].reshape(count, size)
+            taken = [leaf[indices] for leaf in self._leaves]
+        self._batch_in_epoch = first + count
+        return tree_unflatten(self._treedef, taken)
 
     def batch_spec(self) -> Any:
         """Shapes and dtypes of a full batch (``jax.ShapeDtypeStruct`` pytree), without reading data.

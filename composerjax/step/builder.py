@@ -8,6 +8,8 @@ import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from composerjax.core.engine import Engine, Plan
 from composerjax.core.event import EVAL_STEP_EVENTS, PREDICT_STEP_EVENTS, TRAIN_STEP_EVENTS, Event
@@ -88,6 +90,7 @@ class StepBuilder:
         self.step_key_data = step_key_data
         self.dtype = compute_dtype(state.precision)
         self._train: dict[Plan, Any] = {}
+        self._multi: dict[tuple[Plan, int], Any] = {}
         self._eval: dict[Plan, Any] = {}
         self._predict: dict[Plan, Any] = {}
 
@@ -100,6 +103,38 @@ class StepBuilder:
                 self._train_fn(plan),
                 in_shardings=(self.train_state_sharding, self.batch_sharding),
                 out_shardings=(self.train_state_sharding, self.replicated, self.replicated),
+                donate_argnums=0,
+            )
+        return step
+
+    def train_steps(self, plan: Plan, count: int) -> Any:
+        """``count`` train steps in one compiled call: a ``lax.scan`` over batches stacked on a new axis 0.
+
+        ``(train_state, stacked_batch) -> (train_state, losses[count], step_metrics with a leading count,
+        (last loss, last step_metrics))``;
+        each step is exactly the one :meth:`train_step` compiles (same plan, same per-step key).
+        """
+        key = (plan, count)
+        step = self._multi.get(key)
+        if step is None:
+            single = self._train_fn(plan)
+
+            def steps(train_state: Any, stacked: Any) -> Any:
+                def body(state: Any, batch: Any) -> Any:
+                    state, loss, metrics = single(state, batch)
+                    return state, (loss, metrics)
+
+                train_state, (losses, metrics) = jax.lax.scan(body, train_state, stacked)
+                # The last step's values too, so the host never slices (one dispatch per slice).
+                last = (losses[-1], jax.tree.map(lambda value: value[-1], metrics))
+                return train_state, losses, metrics, last
+
+            mesh = self.batch_sharding.mesh
+            stacked_sharding = NamedSharding(mesh, P(None, *self.batch_sharding.spec))
+            step = self._multi[key] = jax.jit(
+                steps,
+                in_shardings=(self.train_state_sharding, stacked_sharding),
+                out_shardings=(self.train_state_sharding, self.replicated, self.replicated, self.replicated),
                 donate_argnums=0,
             )
         return step
@@ -135,6 +170,7 @@ class StepBuilder:
     def clear(self) -> None:
         """Forget every compiled step (after the model's structure changed)."""
         self._train.clear()
+        self._multi.clear()
         self._eval.clear()
         self._predict.clear()
 

@@ -99,6 +99,12 @@ class Trainer:
             ``device_memory_budget`` (read from ``compiled.memory_analysis()``: arguments + outputs
             - donated + temporaries); the choice is in ``trainer.microbatch_size`` and
             ``state.run_summary['microbatch_candidates']``.
+        steps_per_call: run this many batches per compiled call (a ``lax.scan`` over stacked
+            batches) whenever nothing needs a per-batch view in between: no callback or logger
+            listens to the per-batch host events, the plan is the same for all of them, and no
+            epoch end, end of training, batch-interval save or eval falls inside the group.
+            Parameters equal per-step training; every batch's loss and metrics still reach the
+            loggers. Signals and ``time_limit`` are checked between calls.
         device_memory_budget: bytes a train step may use, for ``'auto'`` (on GPU/TPU the default
             is 90% of the device's ``bytes_limit``; CPU has no limit to read, so it must be given).
         precision: ``'fp32'`` or ``'bf16'`` (bf16 compute, fp32 weights and optimizer state).
@@ -205,6 +211,7 @@ class Trainer:
         skip_nonfinite_updates: bool = False,
         handle_signals: bool = True,
         device_memory_budget: int | None = None,
+        steps_per_call: int = 1,
     ) -> None:
         if not isinstance(model, nnx.Module):
             raise TypeError(f"model is a {type(model).__name__}; expected a flax nnx.Module")
@@ -217,6 +224,8 @@ class Trainer:
         ):
             raise ValueError(f"device_train_microbatch_size={device_train_microbatch_size!r}: expected a "
                              "positive integer, 'auto' or None")
+        if isinstance(steps_per_call, bool) or not isinstance(steps_per_call, int) or steps_per_call < 1:
+            raise ValueError(f"steps_per_call={steps_per_call!r}: expected a positive integer (batches per call)")
         if device_memory_budget is not None and (isinstance(device_memory_budget, bool) or not isinstance(
                 device_memory_budget, int) or device_memory_budget < 1):
             raise ValueError(f"device_memory_budget={device_memory_budget!r}: expected a positive number of bytes")
@@ -294,12 +303,13 @@ class Trainer:
         self._auto_microbatch = device_train_microbatch_size == "auto"
         self.microbatch_size = None if self._auto_microbatch else device_train_microbatch_size
         self.device_memory_budget = device_memory_budget
+        self.steps_per_call = steps_per_call
         self.run_summary = run_summary
         if tokens_per_batch is not None and not callable(tokens_per_batch):
             raise TypeError(f"tokens_per_batch={tokens_per_batch!r}: expected a callable fn(batch) -> int or None")
         self.tokens_per_batch = tokens_per_batch
         self._summarized = False
-        self._pending: list[tuple[int, Any, Any]] = []
+        self._pending: list[tuple[int, Any, Any, int | None]] = []
         self._multi_process = jax.process_count() > 1
         self.handle_signals = handle_signals
         self.stop_reason: str | None = None
@@ -600,6 +610,7 @@ class Trainer:
         perf_counter = time.perf_counter
         should_stop = self._should_stop
         save_after_epoch = False
+        grouping = self.steps_per_call if self.steps_per_call > 1 and not self._multi_process else 0
         while not self._done():
             if state.timestamp.batch_in_epoch == 0:
                 run_event(Event.EPOCH_START)
@@ -608,6 +619,25 @@ class Trainer:
             while True:
                 # One check instead of five calls when nothing listens to the per-batch host events.
                 quiet = is_quiet(_BATCH_EVENTS)
+                plan = self._group_plan(grouping) if grouping and self._group_room() >= grouping else None
+                if plan is not None:
+                    finished = self._train_group(iterator, grouping, plan)
+                    if finished is None:  # the iterator ran dry inside the group
+                        break
+                    timestamp = state.timestamp
+                    if checkpointer is not None and checkpointer.due(state, TimeUnit.BATCH):
+                        if timestamp.batch_in_epoch == state.dataloader_len:
+                            save_after_epoch = True
+                        else:
+                            checkpointer.save(state, self.hparams)
+                    if eval_every_batches and timestamp.batch % eval_every_batches == 0:
+                        self._eval_during_fit()
+                    if timestamp.batch_in_epoch == state.dataloader_len:
+                        break
+                    if getattr(timestamp, counter) >= state.max_duration.value or should_stop():
+                        epoch_ended = False
+                        break
+                    continue
                 if not quiet:
                     run_event(Event.BEFORE_DATALOADER)
                 try:
@@ -651,6 +681,117 @@ class Trainer:
             if should_stop():
                 return
 
+    def _group_room(self) -> int:
+        """How many batches can run before something needs the host: epoch end, run end, a save or an eval."""
+        state = self.state
+        timestamp = state.timestamp
+        if self._auto_microbatch or state.model_changed or state.dataloader_len is None:
+            return 0
+        room = state.dataloader_len - timestamp.batch_in_epoch
+        total = state.batches_in_duration() if state.max_duration.unit in (TimeUnit.BATCH, TimeUnit.EPOCH) else None
+        if total is None:
+            return 0
+        room = min(room, total - timestamp.batch)
+        intervals = [int(self.checkpointer.interval.value)] if (
+            self.checkpointer is not None and self.checkpointer.interval.unit == TimeUnit.BATCH) else []
+        if self._eval_every(TimeUnit.BATCH):
+            intervals.append(self._eval_every(TimeUnit.BATCH))
+        for every in intervals:
+            room = min(room, every - timestamp.batch % every)
+        return room
+
+    def _group_plan(self, count: int) -> Any:
+        """The plan shared by the next ``count`` batches, or None if they cannot run as one call.
+
+        They can when no callback or logger listens to the per-batch host events, no algorithm
+        matches one of them at any of those batches, and every batch has the same train-step plan.
+        Timestamps are predicted with the last batch's size (a group never crosses an epoch end).
+        """
+        state, engine = self.state, self.engine
+        if engine.has_listeners(_BATCH_EVENTS) or state.batch is None:
+            return None
+        algorithms = state.algorithms
+        if not algorithms:
+            return ()
+        size = (state.batch[0] if type(state.batch) is tuple else jax.tree.leaves(state.batch)[0]).shape[0]
+        saved = state.timestamp
+        plans = set()
+        try:
+            for _ in range(count):
+                if any(a.match(e, state) for a in algorithms for e in _BATCH_EVENTS[:3]):
+                    return None
+                plans.add(self.builder.plan_train() if algorithms else ())
+                state.timestamp = state.timestamp.to_next_batch(size, 0, 0.0)
+                if any(a.match(e, state) for a in algorithms for e in _BATCH_EVENTS[3:]):
+                    return None
+                if len(plans) > 1:
+                    return None
+        finally:
+            state.timestamp = saved
+        return plans.pop()
+
+    def _train_group(self, iterator: Any, count: int, plan: Any) -> bool | None:
+        """Run ``count`` batches in one compiled call; None if the iterator ended first (those ran singly)."""
+        state = self.state
+        count_tokens = self.tokens_per_batch
+        take = getattr(state.dataloader, "next_stacked", None)
+        stacked = take(count) if take is not None else None
+        if stacked is not None:  # one gather for the whole group (ArrayLoader)
+            leading = jax.tree.leaves(stacked)[0].shape[1]
+            sizes = [leading] * count
+            if count_tokens is not None:
+                tokens = [count_tokens(jax.tree.map(lambda leaf, i=i: leaf[i], stacked)) for i in range(count)]
+            else:
+                tokens = [0] * count
+            self._run_group(stacked, count, plan, sizes, tokens)
+            state.batch = jax.tree.map(lambda leaf: leaf[-1], stacked)
+            return True
+        batches = []
+        for _ in range(count):
+            try:
+                batches.append(next(iterator))
+            except StopIteration:
+                break
+        sizes = [(b[0] if type(b) is tuple else jax.tree.leaves(b)[0]).shape[0] for b in batches]
+        tokens = [count_tokens(b) if count_tokens is not None else 0 for b in batches]
+        if len(batches) < count or len(set(sizes)) > 1:
+            for batch, token_count in zip(batches, tokens):  # a short or ragged group: one step each
+                state.batch = batch
+                start = time.perf_counter()
+                samples = self._train_batch()
+                state.timestamp = state.timestamp.to_next_batch(samples, token_count, time.perf_counter() - start)
+            return None if len(batches) < count else True
+        self._run_group(jax.tree.map(lambda *leaves: np.stack(leaves), *batches), count, plan, sizes, tokens)
+        state.batch = batches[-1]
+        return True
+
+    def _run_group(self, stacked: Any, count: int, plan: Any, sizes: list[int], tokens: list[int]) -> None:
+        """One compiled call over ``count`` stacked batches; time, traces and logs as ``count`` steps."""
+        state, builder, engine = self.state, self.builder, self.engine
+        step = builder.train_steps(plan, count)
+        compiles, start = state.compile_count, time.perf_counter()
+        try:
+            state.train_state, losses, metrics, (state.loss, state.step_metrics) = step(state.train_state, stacked)
+        except Exception as error:
+            first_batch = jax.tree.map(lambda leaf: leaf[0], stacked)
+            problem = diagnose_batch(first_batch, state.timestamp.batch, self._batch_signature)
+            if problem is None:
+                raise
+            raise problem from error
+        if state.compile_count != compiles:
+            self._batch_signature = describe_batch(jax.tree.map(lambda leaf: leaf[0], stacked))
+            self._record_compile("train", plan, step, time.perf_counter() - start, state.train_state, stacked)
+        first = state.timestamp.batch
+        if plan:
+            for index in range(count):
+                engine.record_plan(plan, first + index)
+        state.timestamp = state.timestamp.to_next_batches(count, sum(sizes), sum(tokens), time.perf_counter() - start)
+        state._model_stale = True
+        if self._destinations:
+            self._pending.append((first + 1, losses, metrics, count))
+            if len(self._pending) >= 2 * self.log_interval:
+                self._flush_logs(self.log_interval)
+
     def _train_batch(self) -> int:
         """Run one compiled step on ``state.batch``; return its global sample count. No host sync."""
         state, builder = self.state, self.builder
@@ -684,7 +825,7 @@ class Trainer:
         if plan:
             self.engine.record_plan(plan, state.timestamp.batch)
         if self._destinations:
-            self._pending.append((state.timestamp.batch + 1, state.loss, state.step_metrics))
+            self._pending.append((state.timestamp.batch + 1, state.loss, state.step_metrics, None))
             # Fetch one interval behind the newest step: those values are already computed, so the
             # transfer does not stall the device queue.
             if len(self._pending) >= 2 * self.log_interval:
@@ -767,11 +908,14 @@ class Trainer:
             return
         count = len(self._pending) if count is None else count
         pending, self._pending = self._pending[:count], self._pending[count:]
-        values = jax.device_get([(loss, metrics) for _, loss, metrics in pending])
-        for (batch, _, _), (loss, metrics) in zip(pending, values):
-            row = {"loss/train/total": float(loss)}
-            row.update({f"train/{name}": float(np.mean(value)) for name, value in metrics.items()})
-            self.logger.log_metrics(row, step=batch)
+        values = jax.device_get([(loss, metrics) for _, loss, metrics, _ in pending])
+        for (batch, _, _, group), (loss, metrics) in zip(pending, values):
+            rows = [(batch, loss, metrics)] if group is None else [
+                (batch + i, loss[i], {name: value[i] for name, value in metrics.items()}) for i in range(group)]
+            for step, step_loss, step_metrics in rows:
+                row = {"loss/train/total": float(step_loss)}
+                row.update({f"train/{name}": float(np.mean(value)) for name, value in step_metrics.items()})
+                self.logger.log_metrics(row, step=step)
 
     # -- eval ------------------------------------------------------------------------------------
     def _eval_every(self, unit: TimeUnit) -> int:
