@@ -18,7 +18,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest tests
+	$(PY) -m pytest -n 2 --dist loadfile tests
 	$(PY) -m pytest -q --doctest-modules composerjax algorithms callbacks
 
 bench: $(STAMP)
