@@ -22,7 +22,7 @@ test: $(STAMP)
 	$(PY) -m pytest -q --doctest-modules composerjax algorithms callbacks
 
 bench: $(STAMP)
-	$(PY) benchmarks/overhead.py
+	$(PY) benchmarks/run_all.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info runs
