@@ -21,6 +21,7 @@ import dataclasses
 from typing import Any
 
 from composerjax.core.event import TRACED_EVENTS, TRAIN_STEP_EVENTS, Event
+from composerjax.core.state import instance_names
 from composerjax.core.time import Timestamp
 
 __all__ = ["EventPlan", "Explanation", "explain"]
@@ -144,15 +145,8 @@ def _order_with_moves(engine: Any, event: Event, matched: list[Any]) -> tuple[li
 
 
 def _names(algorithms: list[Any]) -> dict[int, str]:
-    """Trace-style names: ``MixUp``, a second instance ``MixUp#1``."""
-    seen: dict[str, int] = {}
-    names = {}
-    for algorithm in algorithms:
-        name = type(algorithm).__name__
-        names[id(algorithm)] = f"{name}#{seen[name]}" if name in seen else name
-        seen[name] = seen.get(name, 0) + 1
-    return names
-
+    """Trace-style names by identity: ``MixUp``, a second instance ``MixUp#1``."""
+    return {id(a): name for a, name in zip(algorithms, instance_names(algorithms))}
 
 def _walk(trainer: Any, conflicts: list[str]) -> Explanation:
     """Replay the schedule's host side: match (and for host events apply) at the times the trainer would."""

@@ -259,7 +259,7 @@ class State:
             "dataloader": dataloader_state,
             "algorithms": [a.state_dict() for a in self.algorithms],
             "callbacks": [c.state_dict() for c in self.callbacks],
-            "callback_names": _instance_names(self.callbacks),
+            "callback_names": instance_names(self.callbacks),
             "run_name": self.run_name,
         }
 
@@ -285,9 +285,9 @@ class State:
             if len(saved) != len(self.callbacks):
                 raise ValueError(f"load_state_dict: callbacks has {len(saved)} saved entries but the run has "
                                  f"{len(self.callbacks)}")
-            names = _instance_names(self.callbacks)
+            names = instance_names(self.callbacks)
         by_name = dict(zip(names, saved))
-        for name, callback in zip(_instance_names(self.callbacks), self.callbacks):
+        for name, callback in zip(instance_names(self.callbacks), self.callbacks):
             if name in by_name:
                 callback.load_state_dict(by_name[name])
         self.run_name = state_dict.get("run_name", self.run_name)
@@ -307,8 +307,15 @@ class State:
                                  f"{np.shape(b)}, expected {np.shape(a)}")
 
 
-def _instance_names(plugins: list[Any]) -> list[str]:
-    """``['SpeedMonitor', 'LRMonitor', 'SpeedMonitor#1']``: class names, numbered from the second instance."""
+def instance_names(plugins: list[Any]) -> list[str]:
+    """``['SpeedMonitor', 'LRMonitor', 'SpeedMonitor#1']``: class names, numbered from the second instance.
+
+    The names algorithm state, saved callback state and ``composerjax explain`` use.
+
+    Example:
+        >>> instance_names([1, "a", 2])
+        ['int', 'str', 'int#1']
+    """
     seen: dict[str, int] = {}
     names = []
     for plugin in plugins:

@@ -23,8 +23,8 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, P(("data", "fsdp")))
 
 
-def path_of(path: tuple[Any, ...]) -> str:
-    """``'module/layers/0/kernel'`` for a pytree key path."""
+def path_of(path: tuple[Any, ...], separator: str = "/") -> str:
+    """``'module/layers/0/kernel'`` for a pytree key path (orbax writes the same names with ``'.'``)."""
     names = []
     for key in path:
         for attribute in ("key", "idx", "name"):
@@ -33,7 +33,7 @@ def path_of(path: tuple[Any, ...]) -> str:
                 break
         else:
             names.append(str(key))
-    return "/".join(names)
+    return separator.join(names)
 
 
 def train_state_shardings(mesh: Mesh, train_state: Any, strategy: str | ParallelismConfig = "auto",

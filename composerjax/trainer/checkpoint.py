@@ -12,6 +12,7 @@ import orbax.checkpoint as ocp
 
 from composerjax.core.state import State
 from composerjax.core.time import Time, TimeUnit
+from composerjax.parallel.sharding import path_of
 
 __all__ = ["Checkpointer", "CheckpointMismatchError"]
 
@@ -262,20 +263,13 @@ def _place(values: Any, like: Any) -> Any:
     return jax.tree.map(lambda v, r: jax.device_put(v, r.sharding) if isinstance(r, jax.Array) else v, values, like)
 
 
-def _key_name(key: Any) -> str:
-    for attribute in ("key", "idx", "name"):
-        if hasattr(key, attribute):
-            return str(getattr(key, attribute))
-    return str(key)
-
-
 def _arrays_by_name(tree: Any) -> dict[str, tuple[tuple[int, ...], str]]:
     """``{'params.layers.0.kernel': (shape, dtype)}`` for every array leaf, names as orbax writes them."""
     is_meta = lambda x: hasattr(x, "shape") and hasattr(x, "dtype")  # noqa: E731
     named = {}
     for path, leaf in jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_meta)[0]:
         if is_meta(leaf):
-            named[".".join(_key_name(key) for key in path)] = (tuple(leaf.shape), str(np.dtype(leaf.dtype)))
+            named[path_of(path, ".")] = (tuple(leaf.shape), str(np.dtype(leaf.dtype)))
     return named
 
 

@@ -242,17 +242,15 @@ def _split_path(path: str) -> list[str | int]:
     return parts
 
 
-def _norm(name: Any) -> str:
-    return str(name).lower().replace("_", "").replace("-", "")
-
-
 def _skip_component_names(values: Any, keys: list[str | int]) -> list[str | int]:
     """``algorithms[0].mixup.alpha`` -> ``algorithms[0].alpha``: the name in a path is the component's own."""
+    from composerjax.registry import normalize_name
+
     out: list[str | int] = []
     node = values
     for key in keys:
         if (isinstance(node, dict) and isinstance(key, str) and key not in node and "name" in node
-                and _norm(key) == _norm(node["name"])):
+                and normalize_name(key) == normalize_name(str(node["name"]))):
             continue
         out.append(key)
         if isinstance(node, dict):

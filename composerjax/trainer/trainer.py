@@ -21,7 +21,7 @@ from composerjax.core.callback import Callback
 from composerjax.core.engine import Engine
 from composerjax.core.event import Event
 from composerjax.core.passes import AlgorithmPass
-from composerjax.core.state import State
+from composerjax.core.state import State, instance_names
 from composerjax.core.time import Time, TimeUnit
 from composerjax.data.array_loader import as_batch_iterable
 from composerjax.loggers.destinations import ProgressBarLogger
@@ -421,7 +421,7 @@ class Trainer:
         eval_graphdef = nnx.split(model, nnx.Param, ...)[0]
         model.train()
         train_graphdef, params, rest = split_model(model)
-        names = _unique_names(state.algorithms)
+        names = instance_names(state.algorithms)
         algorithm_state = {}
         for name, algorithm in zip(names, state.algorithms):
             algorithm._state_key = name
@@ -621,39 +621,27 @@ class Trainer:
                 quiet = is_quiet(_BATCH_EVENTS)
                 plan = self._group_plan(grouping) if grouping and self._group_room() >= grouping else None
                 if plan is not None:
-                    finished = self._train_group(iterator, grouping, plan)
-                    if finished is None:  # the iterator ran dry inside the group
+                    if self._train_group(iterator, grouping, plan) is None:
+                        break  # the iterator ran dry inside the group
+                else:
+                    if not quiet:
+                        run_event(Event.BEFORE_DATALOADER)
+                    try:
+                        state.batch = next(iterator)
+                    except StopIteration:
                         break
-                    timestamp = state.timestamp
-                    if checkpointer is not None and checkpointer.due(state, TimeUnit.BATCH):
-                        if timestamp.batch_in_epoch == state.dataloader_len:
-                            save_after_epoch = True
-                        else:
-                            checkpointer.save(state, self.hparams)
-                    if eval_every_batches and timestamp.batch % eval_every_batches == 0:
-                        self._eval_during_fit()
-                    if timestamp.batch_in_epoch == state.dataloader_len:
-                        break
-                    if getattr(timestamp, counter) >= state.max_duration.value or should_stop():
-                        epoch_ended = False
-                        break
-                    continue
-                if not quiet:
-                    run_event(Event.BEFORE_DATALOADER)
-                try:
-                    state.batch = next(iterator)
-                except StopIteration:
-                    break
-                if not quiet:
-                    run_event(Event.AFTER_DATALOADER)
-                    run_event(Event.BATCH_START)
-                start = perf_counter()
-                tokens = count_tokens(state.batch) if count_tokens is not None else 0
-                samples = train_batch()
-                timestamp = state.timestamp = state.timestamp.to_next_batch(samples, tokens, perf_counter() - start)
-                if not quiet:
-                    run_event(Event.BATCH_END)
-                    run_event(Event.BATCH_CHECKPOINT)
+                    if not quiet:
+                        run_event(Event.AFTER_DATALOADER)
+                        run_event(Event.BATCH_START)
+                    start = perf_counter()
+                    tokens = count_tokens(state.batch) if count_tokens is not None else 0
+                    samples = train_batch()
+                    state.timestamp = state.timestamp.to_next_batch(samples, tokens, perf_counter() - start)
+                    if not quiet:
+                        run_event(Event.BATCH_END)
+                        run_event(Event.BATCH_CHECKPOINT)
+                # After a batch or a group alike (a group never crosses a save, an eval or an epoch end).
+                timestamp = state.timestamp
                 if checkpointer is not None and checkpointer.due(state, TimeUnit.BATCH):
                     if timestamp.batch_in_epoch == state.dataloader_len:
                         save_after_epoch = True  # saved once the epoch is closed: a clean epoch boundary
@@ -773,11 +761,8 @@ class Trainer:
         try:
             state.train_state, losses, metrics, (state.loss, state.step_metrics) = step(state.train_state, stacked)
         except Exception as error:
-            first_batch = jax.tree.map(lambda leaf: leaf[0], stacked)
-            problem = diagnose_batch(first_batch, state.timestamp.batch, self._batch_signature)
-            if problem is None:
-                raise
-            raise problem from error
+            self._batch_failed(error, jax.tree.map(lambda leaf: leaf[0], stacked), state.compile_count != compiles)
+            raise
         if state.compile_count != compiles:
             self._batch_signature = describe_batch(jax.tree.map(lambda leaf: leaf[0], stacked))
             self._record_compile("train", plan, step, time.perf_counter() - start, state.train_state, stacked)
@@ -791,6 +776,15 @@ class Trainer:
             self._pending.append((first + 1, losses, metrics, count))
             if len(self._pending) >= 2 * self.log_interval:
                 self._flush_logs(self.log_interval)
+
+    def _batch_failed(self, error: Exception, batch: Any, traced: bool) -> None:
+        """The step failed on ``batch``: raise a BatchError saying what is wrong with it, or annotate ``error``."""
+        index = self.state.timestamp.batch
+        problem = diagnose_batch(batch, index, self._batch_signature)
+        if problem is not None:
+            raise problem from error
+        if traced:
+            note_batch(error, batch, index)
 
     def _train_batch(self) -> int:
         """Run one compiled step on ``state.batch``; return its global sample count. No host sync."""
@@ -811,13 +805,8 @@ class Trainer:
         try:
             state.train_state, state.loss, state.step_metrics = step(state.train_state, batch)
         except Exception as error:
-            # Tracing (or jit's argument check) failed: say what is wrong with the batch, if anything is.
-            problem = diagnose_batch(state.batch, state.timestamp.batch, self._batch_signature)
-            if problem is None:
-                if state.compile_count != compiles:
-                    note_batch(error, state.batch, state.timestamp.batch)
-                raise
-            raise problem from error
+            self._batch_failed(error, state.batch, state.compile_count != compiles)
+            raise
         if state.compile_count != compiles:
             self._batch_signature = describe_batch(state.batch)
             self._record_compile("train", plan, step, time.perf_counter() - start, state.train_state, batch)
@@ -1134,12 +1123,3 @@ def _length(loader: Any) -> int | None:
         return None
 
 
-def _unique_names(algorithms: Sequence[Algorithm]) -> list[str]:
-    seen: dict[str, int] = {}
-    names = []
-    for algorithm in algorithms:
-        name = type(algorithm).__name__
-        count = seen.get(name, 0)
-        seen[name] = count + 1
-        names.append(f"{name}#{count}" if count else name)
-    return names

@@ -275,11 +275,14 @@ def test_malformed_batches_name_the_batch_and_what_was_expected():
         getattr(error.value, "__notes__", []))
 
 
-@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="thread priorities are read from Linux /proc")
 def test_orbax_writer_threads_run_at_the_lowest_priority_and_the_main_thread_does_not(tmp_path):
     trainer = make_trainer(tmp_path, duration="2ba", save_interval="1ba")
     trainer.fit()
     writers = set(trainer.checkpointer.writer_threads)
+    if not os.path.isdir("/proc/self/task"):  # no per-thread ids to find: nothing is touched
+        assert writers == set()
+        trainer.close()
+        return
     main = threading.main_thread().native_id
     assert writers and main not in writers
     alive = {int(tid) for tid in os.listdir("/proc/self/task")}
