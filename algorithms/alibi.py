@@ -207,6 +207,8 @@ class Alibi(Algorithm):
         self.max_sequence_length = max_sequence_length
         self.train_sequence_length_scaling = train_sequence_length_scaling
 
+    events = frozenset({Event.INIT, Event.AFTER_DATALOADER})
+
     def match(self, event: Event, state: State) -> bool:
         return event == Event.INIT or (event == Event.AFTER_DATALOADER and self.pieces > 1)
 

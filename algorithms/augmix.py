@@ -197,6 +197,8 @@ class AugMix(Algorithm):
         self.depth, self.width, self.alpha = _check_arguments(depth, width, alpha)
         self.augmentation_set, self.input_key = check_augmentation_arguments(augmentation_set, input_key)
 
+    events = frozenset({Event.BEFORE_FORWARD})
+
     def match(self, event: Event, state: State) -> bool:
         return event == Event.BEFORE_FORWARD
 

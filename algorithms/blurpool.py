@@ -193,6 +193,8 @@ class BlurPool(Algorithm):
         self.blur_first = blur_first
         self.min_channels = min_channels
 
+    events = frozenset({Event.INIT})
+
     def match(self, event: Event, state: State) -> bool:
         return event == Event.INIT
 

@@ -129,6 +129,8 @@ class ColOut(Algorithm):
         self.resize_target = resize_target
         self.input_key, self.target_key = input_key, target_key
 
+    events = frozenset({Event.BEFORE_FORWARD})
+
     def match(self, event: Event, state: State) -> bool:
         """Run at ``BEFORE_FORWARD``."""
         return event == Event.BEFORE_FORWARD

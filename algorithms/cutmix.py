@@ -235,6 +235,8 @@ class CutMix(Algorithm):
         # loss events; the view is dropped when the trace ends, so no tracer outlives it.
         return f"_{self.name}_lambda_indices_mask"
 
+    events = frozenset({Event.BEFORE_FORWARD, Event.BEFORE_LOSS, Event.BEFORE_BACKWARD})
+
     def match(self, event: Event, state: State) -> bool:
         """Run at ``BEFORE_FORWARD``, then ``BEFORE_LOSS`` (targets) or ``BEFORE_BACKWARD`` (loss)."""
         if self.interpolate_loss:

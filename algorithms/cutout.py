@@ -148,6 +148,8 @@ class CutOut(Algorithm):
         self.uniform_sampling = uniform_sampling
         self.input_key = input_key
 
+    events = frozenset({Event.BEFORE_FORWARD})
+
     def match(self, event: Event, state: State) -> bool:
         """Run at ``BEFORE_FORWARD``."""
         return event == Event.BEFORE_FORWARD

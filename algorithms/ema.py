@@ -133,6 +133,7 @@ class EMA(Algorithm):
         self.smoothing = float(smoothing) if smoothing is not None else ema_decay(self.half_life, self.update_interval)
         self._started = False
         self._training_params: Any = None
+        self._every_batch = self.update_interval == Time(1, TimeUnit.BATCH) and self.ema_start.value == 0
 
     # -- device state ----------------------------------------------------------------------------
     def init_state(self, state: State) -> dict[str, Any]:
@@ -151,10 +152,16 @@ class EMA(Algorithm):
         return state.algorithm_state[self.name]["params"]
 
     # -- events ----------------------------------------------------------------------------------
+    events = frozenset({Event.AFTER_TRAIN_BATCH, Event.BATCH_END, Event.EPOCH_END, Event.EVAL_START, Event.EVAL_END,
+                        Event.BATCH_START})
+
     def match(self, event: Event, state: State) -> bool:
         """Update at ``AFTER_TRAIN_BATCH`` / ``EPOCH_END`` on update times; swap around evaluation."""
         if event == Event.AFTER_TRAIN_BATCH:
-            return self.update_interval.unit == TimeUnit.BATCH and self._updates_at(after_this_batch(state), state)
+            if self.update_interval.unit != TimeUnit.BATCH:
+                return False
+            # Every batch from the start (the default): no clock arithmetic on the per-batch path.
+            return self._every_batch or self._updates_at(after_this_batch(state), state)
         if event == Event.BATCH_END:
             return (not self._started and self.update_interval.unit == TimeUnit.BATCH
                     and self._updates_at(state.timestamp, state))

@@ -279,6 +279,8 @@ class Factorize(Algorithm):
         self.min_features = min_features
         self.latent_features = latent_features
 
+    events = frozenset({Event.INIT})
+
     def match(self, event: Event, state: State) -> bool:
         return event == Event.INIT
 

@@ -140,6 +140,8 @@ class GatedLinearUnits(Algorithm):
         self.gated_layer_bias = gated_layer_bias
         self.non_gated_layer_bias = non_gated_layer_bias
 
+    events = frozenset({Event.INIT})
+
     def match(self, event: Event, state: State) -> bool:
         return event == Event.INIT
 

@@ -157,6 +157,8 @@ class GhostBatchNorm(Algorithm):
         _check_ghost_batch_size(ghost_batch_size)
         self.ghost_batch_size = ghost_batch_size
 
+    events = frozenset({Event.INIT})
+
     def match(self, event: Event, state: State) -> bool:
         return event == Event.INIT
 

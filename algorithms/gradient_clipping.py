@@ -105,6 +105,8 @@ class GradientClipping(Algorithm):
         self.clipping_type = clipping_type
         self.clipping_threshold = float(clipping_threshold)
 
+    events = frozenset({Event.INIT})
+
     def match(self, event: Event, state: State) -> bool:
         """Run once, at ``INIT``."""
         return event == Event.INIT

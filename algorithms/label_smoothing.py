@@ -77,6 +77,8 @@ class LabelSmoothing(Algorithm):
         # the view is dropped when the trace ends, so no tracer outlives it.
         return f"_{self.name}_original_targets"
 
+    events = frozenset({Event.BEFORE_LOSS, Event.AFTER_LOSS})
+
     def match(self, event: Event, state: State) -> bool:
         """Run at ``BEFORE_LOSS`` (smooth) and ``AFTER_LOSS`` (restore)."""
         return event in (Event.BEFORE_LOSS, Event.AFTER_LOSS)

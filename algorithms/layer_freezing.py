@@ -226,6 +226,8 @@ class LayerFreezing(Algorithm):
         self.freeze_level = float(freeze_level)
         self._layer_frozen_from: list[int] = []
 
+    events = frozenset({Event.INIT, Event.AFTER_TRAIN_BATCH})
+
     def match(self, event: Event, state: State) -> bool:
         """Wrap the optimizer at ``INIT``; report the frozen layers at ``AFTER_TRAIN_BATCH``."""
         return event == Event.INIT or (event == Event.AFTER_TRAIN_BATCH and bool(self._layer_frozen_from))

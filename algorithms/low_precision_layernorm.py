@@ -146,6 +146,8 @@ class LowPrecisionLayerNorm(Algorithm):
         self.dtype = _dtype_for(precision)
         self.precision = precision
 
+    events = frozenset({Event.INIT})
+
     def match(self, event: Event, state: State) -> bool:
         return event == Event.INIT
 

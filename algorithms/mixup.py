@@ -169,6 +169,8 @@ class MixUp(Algorithm):
         # the view is dropped when the trace ends, so no tracer outlives it.
         return f"_{self.name}_mixing_and_indices"
 
+    events = frozenset({Event.BEFORE_FORWARD, Event.BEFORE_LOSS, Event.BEFORE_BACKWARD})
+
     def match(self, event: Event, state: State) -> bool:
         """Run at ``BEFORE_FORWARD``, then ``BEFORE_LOSS`` (targets) or ``BEFORE_BACKWARD`` (loss)."""
         if self.interpolate_loss:

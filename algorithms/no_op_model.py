@@ -85,6 +85,8 @@ class NoOpModel(Algorithm):
         trainer.fit()  # seconds per batch now measure data loading and the step's fixed cost
     """
 
+    events = frozenset({Event.INIT})
+
     def match(self, event: Event, state: State) -> bool:
         return event == Event.INIT
 

@@ -232,6 +232,8 @@ class ProgressiveResizing(Algorithm):
             sizes.setdefault(self.size_at(progress, image_size), None)
         return list(sizes)
 
+    events = frozenset({Event.AFTER_DATALOADER})
+
     def match(self, event: Event, state: State) -> bool:
         return event == Event.AFTER_DATALOADER
 

@@ -125,6 +125,8 @@ class RandAugment(Algorithm):
         self.depth = _check_depth(depth)
         self.augmentation_set, self.input_key = check_augmentation_arguments(augmentation_set, input_key)
 
+    events = frozenset({Event.BEFORE_FORWARD})
+
     def match(self, event: Event, state: State) -> bool:
         return event == Event.BEFORE_FORWARD
 

@@ -102,6 +102,8 @@ class SAM(Algorithm):
         self.epsilon = float(epsilon)
         self.interval = interval
 
+    events = frozenset({Event.AFTER_BACKWARD})
+
     def match(self, event: Event, state: State) -> bool:
         """Run at ``AFTER_BACKWARD`` on every ``interval``-th step (host decision, per batch)."""
         return event == Event.AFTER_BACKWARD and (state.timestamp.batch + 1) % self.interval == 0

@@ -175,6 +175,8 @@ class SelectiveBackprop(Algorithm):
         self.input_key = input_key
         self.target_key = target_key
 
+    events = frozenset({Event.BEFORE_FORWARD})
+
     def match(self, event: Event, state: State) -> bool:
         if event != Event.BEFORE_FORWARD or self.keep >= 1:
             return False

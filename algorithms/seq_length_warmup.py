@@ -158,6 +158,8 @@ class SeqLengthWarmup(Algorithm):
             lengths.setdefault(min(self.length_at(progress), sequence_length), None)
         return list(lengths)
 
+    events = frozenset({Event.AFTER_DATALOADER})
+
     def match(self, event: Event, state: State) -> bool:
         return event == Event.AFTER_DATALOADER
 

@@ -127,6 +127,8 @@ class SqueezeExcite(Algorithm):
         self.min_channels = min_channels
         self.seed = seed
 
+    events = frozenset({Event.INIT})
+
     def match(self, event: Event, state: State) -> bool:
         return event == Event.INIT
 

@@ -242,6 +242,8 @@ class StochasticDepth(Algorithm):
         self.drop_warmup = _warmup_time(drop_warmup)
         self.seed = seed
 
+    events = frozenset({Event.INIT, Event.BEFORE_TRAIN_BATCH})
+
     def match(self, event: Event, state: State) -> bool:
         return event == Event.INIT or (event == Event.BEFORE_TRAIN_BATCH and self.drop_warmup.value > 0)
 

@@ -129,6 +129,8 @@ class SWA(Algorithm):
         return {"params": jax.tree.map(jnp.zeros_like, params), "count": jnp.zeros((), jnp.int32)}
 
     # -- events ----------------------------------------------------------------------------------
+    events = frozenset({Event.AFTER_TRAIN_BATCH, Event.BATCH_END, Event.EPOCH_END})
+
     def match(self, event: Event, state: State) -> bool:
         """Update inside the window on every ``update_interval``; swap the average in at ``swa_end``."""
         if self._completed:

@@ -112,6 +112,8 @@ class WeightStandardization(Algorithm):
         _check_n_last_layers_ignore(n_last_layers_ignore)
         self.n_last_layers_ignore = n_last_layers_ignore
 
+    events = frozenset({Event.INIT})
+
     def match(self, event: Event, state: State) -> bool:
         return event == Event.INIT
 

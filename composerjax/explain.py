@@ -170,7 +170,7 @@ def _walk(trainer: Any, conflicts: list[str]) -> Explanation:
             return engine._order(event, tuple(hits))
 
     def host(event: Event) -> None:
-        hits = [a for a in algorithms if a.match(event, state)]
+        hits = [a for a in engine.candidates(event) if a.match(event, state)]
         for algorithm in hits:
             matched_at[event].setdefault(id(algorithm), algorithm)
         for algorithm in ordered(event, hits) if hits else ():
@@ -192,7 +192,7 @@ def _walk(trainer: Any, conflicts: list[str]) -> Explanation:
                 host(event)
             plan = []
             for event in TRAIN_STEP_EVENTS:
-                hits = [a for a in algorithms if a.match(event, state)]
+                hits = [a for a in engine.candidates(event) if a.match(event, state)]
                 if hits:
                     batches_matched[event] += 1
                     for algorithm in hits:
@@ -212,7 +212,7 @@ def _walk(trainer: Any, conflicts: list[str]) -> Explanation:
         host(Event.FIT_END)
         for event in (Event.EVAL_BEFORE_ALL, Event.EVAL_START, Event.EVAL_BATCH_START, *EVAL_STEP_EVENTS,
                       Event.EVAL_BATCH_END, Event.EVAL_END, Event.EVAL_AFTER_ALL):
-            hits = [a for a in algorithms if a.match(event, state)]
+            hits = [a for a in engine.candidates(event) if a.match(event, state)]
             for algorithm in hits:
                 matched_at[event].setdefault(id(algorithm), algorithm)
     finally:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
@@ -68,6 +69,10 @@ class Engine:
         self._listeners: dict[Event, tuple[Callable[[State, Any], None], ...]] = {}
         self._rebuild_listeners()
         self._plan_records: dict[Plan, tuple[tuple[str, Event, int], ...]] = {}
+        self._candidate_key: tuple[Algorithm, ...] | None = None
+        self._candidate_table: dict[Event, tuple[Algorithm, ...]] = {}
+        #: Ask every algorithm at every event and fail if one matches outside its ``events``.
+        self.check_events = os.environ.get("COMPOSERJAX_CHECK_EVENTS", "") not in ("", "0")
 
     # -- passes ----------------------------------------------------------------------------------
     def register_pass(self, algorithm_pass: AlgorithmPass, index: int = -1) -> None:
@@ -130,7 +135,10 @@ class Engine:
         traces: OrderedDict[str, Trace] = OrderedDict()
         if not state.algorithms:
             return traces
-        matched = tuple(a for a in state.algorithms if a.match(event, state))
+        candidates = self._candidates()[event]
+        if not candidates and not self.check_events:
+            return traces
+        matched = self._match(event, state, candidates)
         if not matched:
             return traces
         traced = event.is_traced
@@ -146,6 +154,31 @@ class Engine:
         if log_traces is not None:
             log_traces(traces)
         return traces
+
+    def candidates(self, event: Event) -> tuple[Algorithm, ...]:
+        """The algorithms whose ``events`` include ``event`` (or that declare none), in list order."""
+        return self._candidates()[event]
+
+    def _candidates(self) -> dict[Event, tuple[Algorithm, ...]]:
+        algorithms, key = self.state.algorithms, self._candidate_key
+        if key is None or len(algorithms) != len(key) or tuple(algorithms) != key:
+            self._candidate_key = key = tuple(algorithms)
+            self._active = {}
+            self._candidate_table = {
+                event: tuple(a for a in key if a.events is None or event in a.events) for event in Event
+            }
+        return self._candidate_table
+
+    def _match(self, event: Event, state: State, candidates: tuple[Algorithm, ...]) -> tuple[Algorithm, ...]:
+        matched = tuple(a for a in candidates if a.match(event, state)) if candidates else ()
+        if self.check_events:
+            for algorithm in state.algorithms:
+                if algorithm not in matched and algorithm.match(event, state):
+                    raise RuntimeError(
+                        f"{type(algorithm).__name__}.match returned True at {event.name}, which its "
+                        f"events={sorted(e.name for e in algorithm.events or ())} leave out: add the event"
+                    )
+        return matched
 
     def _apply(self, algorithm: Algorithm, event: Event, state: State) -> int | None:
         try:
@@ -172,18 +205,25 @@ class Engine:
             self._rebuild_listeners()
 
     def is_quiet(self, events: tuple[Event, ...]) -> bool:
-        """Whether running ``events`` now would do nothing: no algorithms, no callback listens to them.
+        """Whether running ``events`` now would do nothing: no algorithm declares them, no callback listens."""
+        return not any(self.active(events))
 
-        The trainer asks once per batch and skips the batch's host events when they are all quiet,
-        so an engine with nothing registered costs almost nothing per batch.
+    def active(self, events: tuple[Event, ...]) -> tuple[bool, ...]:
+        """For each of ``events``: whether running it now could do anything (an algorithm or a listener).
+
+        The trainer asks once per batch and runs only the batch's host events that are active, so an
+        engine with nothing registered for them costs almost nothing per batch.
         """
-        if self.state.algorithms or self._closed:
-            return False
+        if self._closed:
+            return (True,) * len(events)
+        table = self._candidates()
         self._refresh_listeners()
-        quiet = self._quiet.get(events)
-        if quiet is None:
-            quiet = self._quiet[events] = not any(event in self._listeners for event in events)
-        return quiet
+        flags = self._active.get(events)
+        if flags is None:
+            check = self.check_events and bool(self.state.algorithms)
+            flags = self._active[events] = tuple(
+                check or bool(table[event]) or event in self._listeners for event in events)
+        return flags
 
     def has_listeners(self, events: tuple[Event, ...]) -> bool:
         """Whether any callback or logger destination listens to one of ``events`` (algorithms aside)."""
@@ -196,7 +236,7 @@ class Engine:
         self._destinations = getattr(self.logger, "destinations", ())
         self._destinations_len = len(self._destinations)
         self._listeners = _listener_table(self._all_callbacks())
-        self._quiet: dict[tuple[Event, ...], bool] = {}
+        self._active: dict[Any, tuple[bool, ...]] = {}
 
     def _all_callbacks(self) -> list[Callback]:
         destinations = getattr(self.logger, "destinations", ())
@@ -209,8 +249,12 @@ class Engine:
         if not state.algorithms:
             return ()
         plan = []
+        table, check = self._candidates(), self.check_events
         for event in events:
-            matched = tuple(a for a in state.algorithms if a.match(event, state))
+            candidates = table[event]
+            if not candidates and not check:
+                continue
+            matched = self._match(event, state, candidates)
             if matched:
                 plan.append((event, self._order(event, matched)))
         return tuple(plan)

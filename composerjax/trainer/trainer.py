@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import sys
@@ -56,6 +57,12 @@ from composerjax.trainer.summary import (
 )
 
 __all__ = ["Trainer", "TrainingInterrupted"]
+
+@functools.partial(jax.jit, donate_argnums=0)
+def _with_total_steps(clock: jax.Array, total: int) -> jax.Array:
+    """``clock`` with its second entry (the steps in ``max_duration``) set to ``total``."""
+    return clock.at[1].set(total)
+
 
 # The host events of every training batch.
 _BATCH_EVENTS = (Event.BEFORE_DATALOADER, Event.AFTER_DATALOADER, Event.BATCH_START, Event.BATCH_END,
@@ -591,15 +598,16 @@ class Trainer:
 
     def _set_total_steps(self) -> None:
         train_state = self.state.train_state
-        clock = train_state["clock"].at[1].set(self._total_steps())
-        train_state["clock"] = jax.device_put(clock, self._train_state_sharding["clock"])
+        # One cached compiled call (an eager .at[].set costs milliseconds per fit() call).
+        train_state["clock"] = jax.device_put(_with_total_steps(train_state["clock"], self._total_steps()),
+                                              self._train_state_sharding["clock"])
 
     def _done(self) -> bool:
         return getattr(self.state.timestamp, self._counter) >= self.state.max_duration.value
 
     def _train_loop(self) -> None:
         state, engine = self.state, self.engine
-        run_event, is_quiet = engine.run_event, engine.is_quiet
+        run_event, active_events = engine.run_event, engine.active
         loader = state.dataloader
         counter = self._counter = _COUNTER[state.max_duration.unit]
         eval_every_batches = self._eval_every(TimeUnit.BATCH)
@@ -617,28 +625,30 @@ class Trainer:
             epoch_ended = True
             iterator = iter(loader)
             while True:
-                # One check instead of five calls when nothing listens to the per-batch host events.
-                quiet = is_quiet(_BATCH_EVENTS)
+                # One check, then only the per-batch host events something listens to or may match.
+                before_loader, after_loader, batch_start, batch_end, batch_checkpoint = active_events(_BATCH_EVENTS)
                 plan = self._group_plan(grouping) if grouping and self._group_room() >= grouping else None
                 if plan is not None:
                     if self._train_group(iterator, grouping, plan) is None:
                         break  # the iterator ran dry inside the group
                 else:
-                    if not quiet:
+                    if before_loader:
                         run_event(Event.BEFORE_DATALOADER)
                     try:
                         state.batch = next(iterator)
                     except StopIteration:
                         break
-                    if not quiet:
+                    if after_loader:
                         run_event(Event.AFTER_DATALOADER)
+                    if batch_start:
                         run_event(Event.BATCH_START)
                     start = perf_counter()
                     tokens = count_tokens(state.batch) if count_tokens is not None else 0
                     samples = train_batch()
                     state.timestamp = state.timestamp.to_next_batch(samples, tokens, perf_counter() - start)
-                    if not quiet:
+                    if batch_end:
                         run_event(Event.BATCH_END)
+                    if batch_checkpoint:
                         run_event(Event.BATCH_CHECKPOINT)
                 # After a batch or a group alike (a group never crosses a save, an eval or an epoch end).
                 timestamp = state.timestamp
@@ -706,11 +716,11 @@ class Trainer:
         plans = set()
         try:
             for _ in range(count):
-                if any(a.match(e, state) for a in algorithms for e in _BATCH_EVENTS[:3]):
+                if any(a.match(e, state) for e in _BATCH_EVENTS[:3] for a in engine.candidates(e)):
                     return None
                 plans.add(self.builder.plan_train() if algorithms else ())
                 state.timestamp = state.timestamp.to_next_batch(size, 0, 0.0)
-                if any(a.match(e, state) for a in algorithms for e in _BATCH_EVENTS[3:]):
+                if any(a.match(e, state) for e in _BATCH_EVENTS[3:] for a in engine.candidates(e)):
                     return None
                 if len(plans) > 1:
                     return None

@@ -509,4 +509,69 @@ def test_is_quiet_follows_algorithms_and_listeners():
             return False
 
     state.algorithms.append(Never())
-    assert not engine.is_quiet(events)  # algorithms are matched at every event
+    assert not engine.is_quiet(events)  # no declared events: matched at every event
+
+
+# -- declared events --------------------------------------------------------------------------------
+
+
+class Counting(Algorithm):
+    """Declares ``events``; counts every ``match`` call and matches ``matches`` (the declared ones by default)."""
+
+    def __init__(self, declared, matches=None):
+        self.events = frozenset(declared) if declared is not None else None
+        self.matches = self.events if matches is None else frozenset(matches)
+        self.asked = []
+
+    def match(self, event, state):
+        self.asked.append(event)
+        return event in self.matches
+
+    def apply(self, event, state, logger):
+        return None
+
+
+def test_declared_events_are_the_only_ones_match_is_asked_about(monkeypatch):
+    monkeypatch.setenv("COMPOSERJAX_CHECK_EVENTS", "0")
+    declared = Counting({Event.BEFORE_LOSS, Event.BATCH_END})
+    undeclared = Counting(None, matches={Event.BEFORE_LOSS})
+    engine = make_engine([declared, undeclared])
+
+    for event in (Event.BATCH_START, Event.BATCH_END):
+        engine.run_event(event)
+    plan = engine.plan([Event.BEFORE_FORWARD, Event.BEFORE_LOSS, Event.AFTER_LOSS])
+
+    assert declared.asked == [Event.BATCH_END, Event.BEFORE_LOSS]
+    assert undeclared.asked == [Event.BATCH_START, Event.BATCH_END, Event.BEFORE_FORWARD, Event.BEFORE_LOSS,
+                                Event.AFTER_LOSS]
+    assert plan == ((Event.BEFORE_LOSS, (declared, undeclared)),)
+    assert engine.candidates(Event.BATCH_START) == (undeclared,)
+
+
+def test_candidates_follow_changes_to_the_algorithm_list(monkeypatch):
+    monkeypatch.setenv("COMPOSERJAX_CHECK_EVENTS", "0")
+    engine = make_engine([Counting({Event.BATCH_END})])
+    assert engine.candidates(Event.BATCH_START) == ()
+    replacement = Counting({Event.BATCH_START})
+    engine.state.algorithms[0] = replacement  # same length: still noticed
+    assert engine.candidates(Event.BATCH_START) == (replacement,)
+
+
+def test_is_quiet_when_no_algorithm_declares_the_events(monkeypatch):
+    monkeypatch.setenv("COMPOSERJAX_CHECK_EVENTS", "0")
+    engine = make_engine([Counting({Event.BEFORE_LOSS})])
+    assert engine.is_quiet((Event.BATCH_START, Event.BATCH_END))
+    engine.state.algorithms.append(Counting({Event.BATCH_END}, matches=()))
+    assert not engine.is_quiet((Event.BATCH_START, Event.BATCH_END))
+
+
+def test_check_mode_reports_a_match_outside_the_declared_events(monkeypatch):
+    monkeypatch.setenv("COMPOSERJAX_CHECK_EVENTS", "1")
+    wrong = Counting({Event.BEFORE_LOSS}, matches={Event.BEFORE_LOSS, Event.BATCH_END})
+    engine = make_engine([wrong])
+    engine.run_event(Event.BATCH_START)  # matches nowhere: fine
+    with pytest.raises(RuntimeError, match=r"Counting\.match returned True at BATCH_END.*\['BEFORE_LOSS'\]"):
+        engine.run_event(Event.BATCH_END)
+    traced = make_engine([Counting({Event.BEFORE_LOSS}, matches={Event.BEFORE_FORWARD})])
+    with pytest.raises(RuntimeError, match="at BEFORE_FORWARD"):
+        traced.plan([Event.BEFORE_FORWARD, Event.BEFORE_LOSS])
