@@ -3,7 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test docs lint bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -21,8 +21,11 @@ test: $(STAMP)
 	$(PY) -m pytest -n 2 --dist loadfile tests
 	$(PY) -m pytest -q --doctest-modules composerjax algorithms callbacks
 
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+
 bench: $(STAMP)
 	$(PY) benchmarks/run_all.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info runs
+	rm -rf $(VENV) build site *.egg-info runs

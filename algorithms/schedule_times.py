@@ -41,8 +41,15 @@ def after_this_batch(state: State) -> Timestamp:
 
 
 def reached(time: Time, timestamp: Timestamp, state: State) -> bool:
-    """Whether ``timestamp`` is at or past ``time`` (a fraction of ``max_duration`` for ``'dur'``)."""
+    """Whether ``timestamp`` is at or past ``time`` (a fraction of ``max_duration`` for ``'dur'``).
+
+    Fractions are measured in batches where the run's length in batches is known, so ``'0.5dur'`` of
+    a one-epoch run is reached in the middle of the epoch, not at its end.
+    """
     if time.unit == TimeUnit.DURATION:
+        total = state.batches_in_duration() if state.max_duration is not None else None
+        if total:
+            return timestamp.batch / total >= time.value
         return state.max_duration is not None and timestamp.get_progress(state.max_duration) >= time.value
     return timestamp.get(time.unit).value >= time.value
 

@@ -27,7 +27,9 @@ class Algorithm:
 
     Class attributes read by the default passes (the core never imports a concrete algorithm):
 
-    * ``run_first`` / ``run_last``: sort this algorithm before / after the others at every event.
+    * ``run_first`` / ``run_last``: sort this algorithm before / after the others. ``set_filo_order``
+      then reverses every ``AFTER_*`` event, so there a ``run_first`` algorithm runs last: it is the
+      outermost wrapper, first in and last out (as in Composer).
     * ``interpolates_loss``: this algorithm mixes losses (MixUp, CutMix); more than one warns.
 
     Read by ``composerjax explain``: ``required_modules``, the module classes (any of them) the

@@ -16,7 +16,25 @@ from composerjax.core.time import Time, Timestamp, TimeUnit
 if TYPE_CHECKING:
     from flax import nnx
 
-__all__ = ["State"]
+__all__ = ["State", "as_max_duration", "instance_names"]
+
+
+def as_max_duration(value: Time | str | int) -> Time:
+    """``value`` as a training length: a Time in ep, ba, sp, tok or sec (an int counts epochs).
+
+    Raises:
+        ValueError: a bad time string, or a unit a run cannot be measured in ('dur' is a fraction of
+            the run itself; the trainer counts no iterations, so 'iter' would never end).
+
+    Example:
+        >>> as_max_duration('500ba')
+        Time(500, TimeUnit.BATCH)
+    """
+    duration = Time.from_input(value, TimeUnit.EPOCH) if not isinstance(value, Time) else value
+    if duration.unit in (TimeUnit.DURATION, TimeUnit.ITERATION):
+        raise ValueError(f"max_duration='{duration}': a run cannot be measured in '{duration.unit.value}'; use ep, ba, "
+                         "sp, tok or sec (e.g. '10ep', '500ba', '2h')")
+    return duration
 
 
 class State:
@@ -152,11 +170,7 @@ class State:
         if value is None:
             self._max_duration = None
             return
-        duration = Time.from_input(value, TimeUnit.EPOCH) if not isinstance(value, Time) else value
-        if duration.unit == TimeUnit.DURATION:
-            raise ValueError(f"max_duration={value!r}: a duration cannot be measured in 'dur'; use ep, ba, sp, "
-                             "tok, iter or sec")
-        self._max_duration = duration
+        self._max_duration = as_max_duration(value)
 
     @property
     def step(self) -> int:

@@ -52,12 +52,15 @@ class StepBuilder:
         engine: runs the planned algorithms and the callbacks inside the trace.
         state: the host state (read for hyperparameters; never given tracers).
         functions: how to call the model.
-        train_graphdef: the model's graph in train mode; ``eval_graphdef`` in eval mode.
+        train_graphdef: the model's graph in train mode.
+        eval_graphdef: the model's graph in eval mode.
         optimizer: the optax transform.
-        microbatches: ``device_train_microbatch_size``; ``None`` for no accumulation.
+        microbatch_size: ``device_train_microbatch_size``; ``None`` for no accumulation.
         train_state_sharding: a pytree (prefix) of shardings for the train state.
         batch_sharding: the sharding of each batch leaf.
         replicated: the sharding of scalars leaving the step.
+        rest_codec: turns the model's non-parameter variables (RNG keys) into plain arrays and back.
+        step_key_data: the raw data of the run's base key; each step folds its step number in.
     """
 
     def __init__(

@@ -162,6 +162,7 @@ class TrainerConfig(BaseModel):
             problems += [_pydantic_problem(e) for e in error.errors()]
             config = None
         problems += _check_components(values)
+        problems += _check_times(values)
         if problems:
             raise ConfigError(problems, source)
         return config
@@ -384,6 +385,44 @@ def _check_components(values: dict[str, Any]) -> list[str]:
     optimizer = values.get("optimizer")
     if isinstance(optimizer, dict):
         problems += _check_optimizer(optimizer)
+    return problems
+
+
+def _check_times(values: dict[str, Any]) -> list[str]:
+    """Every time string in the recipe parses: run lengths and intervals, the schedule, the time limit."""
+    from composerjax.core.state import as_max_duration
+    from composerjax.trainer.trainer import _to_time, _to_time_limit
+
+    problems = []
+    for field in ("max_duration", "eval_interval", "save_interval"):
+        value = values.get(field)
+        if isinstance(value, (str, int)) and not isinstance(value, bool):
+            try:
+                time = _to_time(value, field)
+                if field == "max_duration":
+                    as_max_duration(time)
+            except ValueError as error:
+                message = str(error)  # 'field: ...' or 'field=value: ...'
+                if not message.startswith(f"{field}:"):
+                    message = f"{field}: {message.split(': ', 1)[-1]}"
+                problems.append(message)
+    schedule = values.get("schedule")
+    for field in ("warmup", "decay_end"):
+        value = schedule.get(field) if isinstance(schedule, dict) else None
+        if isinstance(value, (str, int)) and not isinstance(value, bool):
+            try:
+                unit = Time.from_input(value, TimeUnit.EPOCH).unit
+            except ValueError as error:
+                problems.append(f"schedule.{field}: {value!r}: {error}")
+                continue
+            if unit not in (TimeUnit.EPOCH, TimeUnit.BATCH, TimeUnit.DURATION):
+                problems.append(f"schedule.{field}: {value!r}: expected epochs, batches or a percentage of the run "
+                                "('1ep', '500ba', '10%')")
+    if values.get("time_limit") is not None:
+        try:
+            _to_time_limit(values["time_limit"])
+        except ValueError as error:
+            problems.append(f"time_limit: {str(error).split(': ', 1)[-1]}")
     return problems
 
 

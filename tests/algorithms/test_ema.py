@@ -88,6 +88,13 @@ def test_ema_start_and_update_interval_pick_the_update_batches():
     assert trainer.compile_count == 2  # a step with the update, one without
 
 
+def test_ema_start_as_a_fraction_of_an_epoch_run_starts_mid_epoch():
+    trainer = make_trainer([EMA(half_life="4ba", ema_start="0.5dur")], "2ep")  # 8 batches
+    trainer.fit()
+    updated = [t.batch for t in trainer.engine.trace_log if t.key == "EMA/AFTER_TRAIN_BATCH"]
+    assert updated == [3, 4, 5, 6, 7]  # from the step after which half the run's batches are done
+
+
 def test_ema_in_epochs_updates_at_epoch_ends():
     record = ParamsAfterEachBatch()
     trainer = make_trainer([EMA(half_life="1ep")], "3ep", [record])

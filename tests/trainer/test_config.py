@@ -85,6 +85,24 @@ def test_every_problem_is_listed_at_once_with_its_field_path():
     assert len(problems) == 8, text
 
 
+def test_time_strings_are_checked_at_validation_with_their_field():
+    bad = {**RECIPE, "max_duration": "4 epochs", "eval_interval": "xx", "save_interval": "3q",
+           "schedule": {"name": "cosine", "warmup": "3sp"}, "time_limit": "2hours"}
+    with pytest.raises(ConfigError) as caught:
+        load_config(bad)
+    problems = caught.value.problems
+    assert [p.split(":")[0] for p in problems] == ["max_duration", "eval_interval", "save_interval",
+                                                    "schedule.warmup", "time_limit"]
+    assert "'4 epochs'" in problems[0] and "'10ep'" in problems[0]
+    assert "'3sp'" in problems[3] and "percentage" in problems[3]
+    assert "'2hours'" in problems[4]
+    good = load_config({**RECIPE, "schedule": {"name": "cosine", "warmup": "20ba"}, "time_limit": "2h30m",
+                        "eval_interval": "1ep"})
+    assert good.time_limit == "2h30m"
+    with pytest.raises(ConfigError, match=r"max_duration: .*'iter'; use ep, ba, sp, tok or sec"):
+        load_config({**RECIPE, "max_duration": "2iter"})
+
+
 def test_optimizer_arguments_and_import_paths():
     with pytest.raises(ConfigError, match=r"optimizer.momentun: optax.sgd has no argument 'momentun'"):
         load_config({**RECIPE, "optimizer": {"name": "sgd", "lr": 0.1, "momentun": 0.9}})

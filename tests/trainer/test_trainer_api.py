@@ -315,6 +315,13 @@ def test_bad_max_duration_lists_the_accepted_units(classification_arrays, make_t
         assert re.search(rf"\b{unit.value}\b", str(raised.value)), unit
 
 
+@pytest.mark.parametrize("duration", ["0.5dur", "2iter"])
+def test_run_lengths_in_dur_or_iter_are_refused(classification_arrays, make_tiny_classifier, duration):
+    with pytest.raises(ValueError, match=rf"max_duration='{duration}': a run cannot be measured in"):
+        Trainer(make_tiny_classifier(), ArrayLoader(classification_arrays, batch_size=16), duration,
+                progress_bar=False)
+
+
 def test_bad_fit_duration_names_duration(adam_run):
     with pytest.raises(ValueError, match="duration"):
         adam_run.trainer.fit("1fortnight")
