@@ -176,6 +176,11 @@ class _Child:
     exit_time: float | None = None
 
 
+def _killed_outright(returncode: int) -> bool:
+    """Killed by a signal other than the ones peers get when another process dies (abort, term)."""
+    return returncode < 0 and -returncode not in (signal.SIGABRT, signal.SIGTERM)
+
+
 @dataclass
 class _Failure:
     rank: int
@@ -257,10 +262,23 @@ class _ProcessGroup:
                 continue
             running -= 1
             if returncode != 0 and failure is None:
-                # The first to exit, not the first reported: reports wait for the child's last lines.
+                # A peer's death makes the others fail within milliseconds (a collective error, or
+                # JAX's own abort), and exit threads can report in either order: let the burst
+                # settle, then blame a process killed outright (SIGKILL, SIGSEGV...) over one
+                # that merely exited or aborted, and otherwise the one that went first.
+                settle = time.monotonic() + 1.0
+                while running and time.monotonic() < settle:
+                    try:
+                        self.exits.get(timeout=max(0.0, settle - time.monotonic()))
+                        running -= 1
+                    except queue.Empty:
+                        break
                 failed = [child for child in self.children
                           if child.exit_time is not None and child.process.returncode not in (None, 0)]
-                first = min(failed, key=lambda child: child.exit_time)
+                earliest = min(child.exit_time for child in failed)
+                burst = [child for child in failed if child.exit_time - earliest < 1.0]
+                first = min(burst, key=lambda child: (not _killed_outright(child.process.returncode),
+                                                      child.exit_time))
                 failure = _Failure(first.rank, first.process.returncode)
                 self.stop_all(signal.SIGTERM)
                 threading.Thread(target=self._kill_after_grace, daemon=True).start()

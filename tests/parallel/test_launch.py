@@ -312,3 +312,12 @@ def test_child_environment():
     plain = child_environment(0, 2, "127.0.0.1:5555", base={"XLA_FLAGS": "--xla_dump_to=/tmp/d"})
     assert plain["XLA_FLAGS"] == "--xla_dump_to=/tmp/d"
     assert "COMPOSERJAX_DEVICES_PER_PROCESS" not in plain and "JAX_PLATFORMS" not in plain
+
+
+def test_a_process_killed_outright_is_blamed_before_peers_that_exited_or_aborted():
+    from composerjax.launch import _killed_outright
+
+    assert _killed_outright(-signal.SIGKILL) and _killed_outright(-signal.SIGSEGV)
+    assert not _killed_outright(-signal.SIGABRT)  # what JAX does to the peers of a dead process
+    assert not _killed_outright(-signal.SIGTERM)  # what the launcher sends when it stops the rest
+    assert not _killed_outright(1) and not _killed_outright(0)
