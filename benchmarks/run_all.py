@@ -59,7 +59,7 @@ def main() -> None:
         status = "" if done.returncode == 0 else f"\n\n**failed with exit status {done.returncode}:**\n\n```\n" + (
             done.stderr[-2000:] + "\n```")
         print(output, flush=True)
-        sections.append(f"## {title}\n\n`benchmarks/{script}` ({seconds:.0f} s)\n\n```\n{output}\n```{status}\n")
+        sections.append(f"## {title}\n\n`benchmarks/{script}` ({seconds:.0f} s)\n\n```text\n{output}\n```{status}\n")
     header = (f"# Benchmark results\n\nWritten by `make bench` on {datetime.date.today().isoformat()}.\n\n"
               f"Machine: {machine()}.\n\nEvery figure is a ratio measured side by side in one process. Absolute "
               "times on a shared machine are not results.\n")
