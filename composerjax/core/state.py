@@ -206,12 +206,19 @@ class State:
         return None
 
     def stop_training(self) -> None:
-        """End training after the current batch: ``max_duration`` becomes the time elapsed so far.
+        """End training after the current batch: ``max_duration`` becomes the batches done so far.
 
-        The unit of ``max_duration`` is kept, so the trainer's duration check stays the same.
+        As in Composer, the new ``max_duration`` is in batches (``'13ba'``), so a stop in the middle
+        of an epoch is recorded exactly, in the run's hyperparameters and checkpoints alike.
+
+        Example:
+            >>> state = State(model=None, max_duration='3ep')
+            >>> state.timestamp = state.timestamp.to_next_batch().to_next_batch()
+            >>> state.stop_training()
+            >>> state.max_duration
+            Time(2, TimeUnit.BATCH)
         """
-        unit = self.max_duration.unit if self.max_duration is not None else TimeUnit.BATCH
-        self.max_duration = Time(self.timestamp.get(unit).value, unit)
+        self.max_duration = Time(self.timestamp.batch, TimeUnit.BATCH)
 
     # -- batch access, as in Composer ------------------------------------------------------------
     def batch_get_item(self, key: int | str | Callable[[Any], Any]) -> Any:

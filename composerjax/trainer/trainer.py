@@ -620,13 +620,13 @@ class Trainer:
                                               self._train_state_sharding["clock"])
 
     def _done(self) -> bool:
-        return getattr(self.state.timestamp, self._counter) >= self.state.max_duration.value
+        duration = self.state.max_duration
+        return getattr(self.state.timestamp, _COUNTER[duration.unit]) >= duration.value
 
     def _train_loop(self) -> None:
         state, engine = self.state, self.engine
         run_event, active_events = engine.run_event, engine.active
         loader = state.dataloader
-        counter = self._counter = _COUNTER[state.max_duration.unit]
         eval_every_batches = self._eval_every(TimeUnit.BATCH)
         eval_every_epochs = self._eval_every(TimeUnit.EPOCH)
         train_batch = self._train_batch
@@ -678,7 +678,9 @@ class Trainer:
                     self._eval_during_fit()
                 if timestamp.batch_in_epoch == state.dataloader_len:
                     break
-                if getattr(timestamp, counter) >= state.max_duration.value or should_stop():
+                # max_duration may change unit mid-run (state.stop_training() counts batches).
+                duration = state.max_duration
+                if getattr(timestamp, _COUNTER[duration.unit]) >= duration.value or should_stop():
                     epoch_ended = False
                     break
             if epoch_ended:

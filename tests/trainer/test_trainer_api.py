@@ -154,6 +154,9 @@ def test_stop_training_at_batch_end_ends_after_that_batch(classification_arrays,
     trainer.fit()
     assert trainer.state.timestamp.batch == 3
     assert int(trainer.state.train_state["clock"][0]) == 3
+    assert trainer.state.max_duration == Time(3, TimeUnit.BATCH)  # recorded exactly, mid-epoch too
+    trainer.fit("2ba")  # and training goes on from there
+    assert trainer.state.timestamp.batch == 5
 
 
 # -- plain nnx.Module with loss_fn ----------------------------------------------------------------
