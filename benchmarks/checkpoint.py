@@ -31,6 +31,7 @@ import optax
 from flax import nnx
 
 from composerjax import ArrayLoader, Callback, Trainer
+from composerjax.models import MLP
 from composerjax.trainer.checkpoint import Checkpointer
 
 CASE = "medium MLP 784-512-512-10, batch 128"
@@ -40,15 +41,6 @@ LOADER_BATCHES = 32
 KEEP = 2  # checkpoints kept on disk, as a long run would; deleting the oldest is part of the cost
 FALLBACK_FLIGHT_STEPS = 5  # steps counted as in flight when the manager cannot say
 
-
-class MLP(nnx.Module):  # the model of benchmarks/overhead.py; scripts here import nothing from each other
-    def __init__(self, sizes: tuple[int, ...], rngs: nnx.Rngs) -> None:
-        self.layers = nnx.List([nnx.Linear(a, b, rngs=rngs) for a, b in zip(sizes[:-1], sizes[1:])])
-
-    def __call__(self, x: jax.Array) -> jax.Array:
-        for layer in self.layers[:-1]:
-            x = nnx.relu(layer(x))
-        return self.layers[-1](x)
 
 
 def make_loader() -> ArrayLoader:
@@ -130,7 +122,7 @@ def make_trainer(timer: StepTimer, save_folder: str | None = None, save_every: i
     saving = {"save_folder": save_folder, "save_interval": f"{save_every}ba",
               "save_num_checkpoints_to_keep": KEEP} if save_folder else {}
     trainer = Trainer(
-        MLP(SIZES, nnx.Rngs(0)),
+        MLP(SIZES, rngs=nnx.Rngs(0)),
         make_loader(),
         max_duration="0ba",
         optimizers=optax.adam(1e-3),

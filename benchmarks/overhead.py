@@ -36,19 +36,8 @@ from composerjax.algorithms.ema import compute_ema
 from composerjax.algorithms.label_smoothing import smooth_labels
 from composerjax.algorithms.mixup import mixup_sample, mixup_targets
 from composerjax.algorithms.sam import sam_gradients
-from composerjax.models import SmallCNN, TinyGPT
+from composerjax.models import MLP, SmallCNN, TinyGPT
 from composerjax.models.composer_model import cross_entropy
-
-
-class MLP(nnx.Module):
-    def __init__(self, sizes: tuple[int, ...], rngs: nnx.Rngs) -> None:
-        self.layers = nnx.List([nnx.Linear(a, b, rngs=rngs) for a, b in zip(sizes[:-1], sizes[1:])])
-
-    def __call__(self, x: jax.Array) -> jax.Array:
-        for layer in self.layers[:-1]:
-            x = nnx.relu(layer(x))
-        return self.layers[-1](x)
-
 
 #: The recipe's hyperparameters, shared by the engine's algorithms and the hand-written transforms.
 SMOOTHING, ALPHA, CLIP, EMA_DECAY, RHO = 0.1, 0.2, 1.0, 0.9, 0.05
@@ -68,9 +57,9 @@ class Case:
 
 
 CASES = [
-    Case("tiny MLP 16-32-32-4, b8", lambda: MLP((16, 32, 32, 4), nnx.Rngs(0)), 4, 8, (16,), 1000,
+    Case("tiny MLP 16-32-32-4, b8", lambda: MLP((16, 32, 32, 4), rngs=nnx.Rngs(0)), 4, 8, (16,), 1000,
          ("ls", "mixup", "clip", "ema", "sam")),
-    Case("medium MLP 784-512-512-10, b128", lambda: MLP((784, 512, 512, 10), nnx.Rngs(0)), 10, 128, (784,), 60,
+    Case("medium MLP 784-512-512-10, b128", lambda: MLP((784, 512, 512, 10), rngs=nnx.Rngs(0)), 10, 128, (784,), 60,
          ("ls", "mixup", "clip", "ema", "sam")),
     Case("small CNN 8x8 digits, b128", lambda: SmallCNN(num_classes=10, rngs=nnx.Rngs(0)), 10, 128, (8, 8), 30,
          ("ls", "mixup", "cutout", "clip", "ema")),

@@ -39,26 +39,18 @@ import optax  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from composerjax import ArrayLoader, ComposerClassifier, Trainer  # noqa: E402
+from composerjax.models import MLP  # noqa: E402
 
 SIZES = (784, 512, 512, 10)
 BATCH = 128
 
-
-class MLP(nnx.Module):
-    def __init__(self, sizes: tuple[int, ...], rngs: nnx.Rngs) -> None:
-        self.layers = nnx.List([nnx.Linear(a, b, rngs=rngs) for a, b in zip(sizes[:-1], sizes[1:])])
-
-    def __call__(self, x: jax.Array) -> jax.Array:
-        for layer in self.layers[:-1]:
-            x = nnx.relu(layer(x))
-        return self.layers[-1](x)
 
 
 def make_trainer(parallelism: str, devices: int | str, batches: int) -> Trainer:
     rng = np.random.default_rng(0)
     x = rng.normal(size=(BATCH * batches, SIZES[0])).astype(np.float32)
     y = rng.integers(0, SIZES[-1], size=BATCH * batches).astype(np.int32)
-    model = ComposerClassifier(MLP(SIZES, nnx.Rngs(0)), SIZES[-1])
+    model = ComposerClassifier(MLP(SIZES, rngs=nnx.Rngs(0)), SIZES[-1])
     return Trainer(model, ArrayLoader((x, y), batch_size=BATCH, seed=0), None, optax.adam(1e-3),
                    parallelism=parallelism, devices=devices, progress_bar=False, run_summary=False)
 

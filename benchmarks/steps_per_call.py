@@ -24,19 +24,11 @@ import optax
 from flax import nnx
 
 from composerjax import ArrayLoader, Trainer
+from composerjax.models import MLP
 
 SIZES = (16, 32, 32, 1)
 BATCH = 8
 
-
-class MLP(nnx.Module):
-    def __init__(self, rngs: nnx.Rngs) -> None:
-        self.layers = nnx.List([nnx.Linear(a, b, rngs=rngs) for a, b in zip(SIZES[:-1], SIZES[1:])])
-
-    def __call__(self, x: jax.Array) -> jax.Array:
-        for layer in self.layers[:-1]:
-            x = nnx.relu(layer(x))
-        return self.layers[-1](x)
 
 
 def loss_fn(model: nnx.Module, batch: tuple[jax.Array, jax.Array]) -> jax.Array:
@@ -50,7 +42,7 @@ def data(batches: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def hand_loops(x: np.ndarray, y: np.ndarray, k: int) -> tuple:
-    graphdef, state = nnx.split(MLP(nnx.Rngs(0)))
+    graphdef, state = nnx.split(MLP(SIZES, rngs=nnx.Rngs(0)))
     params = nnx.to_pure_dict(state)  # plain dicts: cheap to flatten on every call, as benchmarks/overhead.py
     optimizer = optax.adam(1e-3)
 
@@ -86,7 +78,7 @@ def hand_loops(x: np.ndarray, y: np.ndarray, k: int) -> tuple:
 
 
 def engine(x: np.ndarray, y: np.ndarray, k: int) -> tuple:
-    trainer = Trainer(MLP(nnx.Rngs(0)), ArrayLoader((x, y), batch_size=BATCH, shuffle=False), None,
+    trainer = Trainer(MLP(SIZES, rngs=nnx.Rngs(0)), ArrayLoader((x, y), batch_size=BATCH, shuffle=False), None,
                       optax.adam(1e-3), loss_fn=loss_fn, steps_per_call=k, progress_bar=False, run_summary=False)
     batches = len(x) // BATCH
 
