@@ -14,7 +14,7 @@ import pytest
 from flax import nnx
 
 from composerjax import ArrayLoader, BatchError, Callback, CheckpointMismatchError, Trainer
-from composerjax.algorithms import EMA
+from composerjax.algorithms import EMA, SWA
 from composerjax.callbacks import NaNMonitor
 from composerjax.loggers import InMemoryLogger
 from composerjax.trainer import Checkpointer
@@ -106,6 +106,30 @@ def test_ema_average_comes_back_exactly(tmp_path):
     averages = leaves(trainer, "algorithm_state")
     assert len(averages) > 1
     assert_same(averages, leaves(loaded, "algorithm_state"))
+
+
+@pytest.mark.parametrize("interval", ["1ba", "1ep"])
+def test_swa_average_and_window_come_back_exactly_after_a_crash(tmp_path, interval):
+    def swa():
+        return SWA(swa_start="0.2dur", swa_end="0.9dur", update_interval=interval)
+
+    reference = make_trainer(None, duration="4ep", algorithms=[swa()])
+    reference.fit()
+    crashed = make_trainer(tmp_path, duration="4ep", save_interval="3ba", algorithms=[swa()], callbacks=[Crash(7)])
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        crashed.fit()
+    crashed.checkpointer.wait()
+    resumed = make_trainer(tmp_path, duration="4ep", save_interval="3ba", algorithms=[swa()], autoresume=True)
+    assert resumed.resumed_from == 6
+    resumed.fit()
+    resumed.close()
+    average = leaves(reference, "algorithm_state")
+    assert int(jax.device_get(reference.state.train_state["algorithm_state"]["SWA"]["count"])) > 1
+    assert_same(average, leaves(resumed, "algorithm_state"))
+    assert_same(leaves(reference, "params"), leaves(resumed, "params"))
+    # The host side of the window came back too: both runs swapped the average in once, at the same step.
+    assert reference.state.algorithms[0].state_dict() == resumed.state.algorithms[0].state_dict()
+    assert resumed.state.algorithms[0].state_dict()["completed"] is True
 
 
 def test_weights_only_save_and_load(tmp_path, uninterrupted):
