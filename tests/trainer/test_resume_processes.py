@@ -103,29 +103,36 @@ CROSS_DEVICE = textwrap.dedent(
     x = np.random.default_rng(0).normal(size=(64, 8)).astype(np.float32)
     y = (x[:, 0] > 0).astype(np.int32)
 
-    def trainer(devices, **kwargs):
+    def trainer(devices, parallelism="ddp", **kwargs):
         rngs = nnx.Rngs(0)
         model = ComposerClassifier(nnx.Sequential(nnx.Linear(8, 16, rngs=rngs), nnx.relu,
                                                   nnx.Linear(16, 2, rngs=rngs)), 2)
         return Trainer(model, ArrayLoader((x, y), batch_size=16, seed=1), "6ba", optax.adam(1e-2),
-                       devices=jax.devices()[:devices], progress_bar=False, run_summary=False, **kwargs)
+                       devices=jax.devices()[:devices], parallelism=parallelism, progress_bar=False,
+                       run_summary=False, **kwargs)
 
     def values(t):
         return [np.asarray(leaf) for leaf in jax.tree.leaves(jax.device_get(t.state.train_state))]
 
     report = {}
     folder = sys.argv[1]
-    for saved_on, loaded_on in ((4, 1), (4, 2), (1, 4), (2, 4)):
-        source = trainer(saved_on, save_folder=f"{folder}/{saved_on}", save_interval="3ba")
+    cases = ((4, "ddp", 1, "ddp"), (4, "ddp", 2, "ddp"), (1, "ddp", 4, "ddp"), (2, "ddp", 4, "ddp"),
+             (4, "fsdp", 1, "ddp"), (1, "ddp", 4, "fsdp"))
+    for saved_on, saved_as, loaded_on, loaded_as in cases:
+        name = f"{saved_on}{saved_as}"
+        source = trainer(saved_on, saved_as, save_folder=f"{folder}/{name}", save_interval="3ba")
         source.fit()
         source.close()
-        target = trainer(loaded_on, load_path=f"{folder}/{saved_on}")
+        target = trainer(loaded_on, loaded_as, load_path=f"{folder}/{name}")
         leaf = target.state.train_state["params"]["module"]["layers"][0]["kernel"]
         same = all(np.array_equal(a, b) for a, b in zip(values(source), values(target)))
+        # A sharded leaf holds 1/N of the kernel on each device; a replicated one all of it.
+        shard = leaf.addressable_shards[0].data.size / leaf.size
         # and it keeps training on its own mesh
         target.fit("2ba")
-        report[f"{saved_on}->{loaded_on}"] = {"same": same, "devices": len(leaf.sharding.device_set),
-                                             "batch": target.state.timestamp.batch}
+        report[f"{saved_on} {saved_as}->{loaded_on} {loaded_as}"] = {
+            "same": same, "devices": len(leaf.sharding.device_set), "shard": shard,
+            "batch": target.state.timestamp.batch}
     print(json.dumps(report))
     """
 )
@@ -138,8 +145,10 @@ def test_a_checkpoint_restores_across_device_counts(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert report == {
-        "4->1": {"same": True, "devices": 1, "batch": 8},
-        "4->2": {"same": True, "devices": 2, "batch": 8},
-        "1->4": {"same": True, "devices": 4, "batch": 8},
-        "2->4": {"same": True, "devices": 4, "batch": 8},
+        "4 ddp->1 ddp": {"same": True, "devices": 1, "shard": 1.0, "batch": 8},
+        "4 ddp->2 ddp": {"same": True, "devices": 2, "shard": 1.0, "batch": 8},
+        "1 ddp->4 ddp": {"same": True, "devices": 4, "shard": 1.0, "batch": 8},
+        "2 ddp->4 ddp": {"same": True, "devices": 4, "shard": 1.0, "batch": 8},
+        "4 fsdp->1 ddp": {"same": True, "devices": 1, "shard": 1.0, "batch": 8},
+        "1 ddp->4 fsdp": {"same": True, "devices": 4, "shard": 0.25, "batch": 8},
     }
