@@ -57,6 +57,20 @@ __all__ = [
     "Timestamp",
     "Trace",
     "Trainer",
+    "TrainerConfig",
     "TrainingInterrupted",
     "dist",
+    "load_config",
 ]
+
+# Loaded on first use: pydantic and the registries cost an import that training from Python skips.
+_LAZY = {"TrainerConfig": "composerjax.trainer.config", "load_config": "composerjax.trainer.config"}
+
+
+def __getattr__(name: str) -> object:
+    """``composerjax.TrainerConfig`` and ``composerjax.load_config``, imported when first asked for."""
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'composerjax' has no attribute {name!r}")

@@ -43,6 +43,16 @@ def test_config_to_trainer_to_config_round_trips():
     assert TrainerConfig.from_dict(json.loads(json.dumps(back.to_dict()))) == back
 
 
+def test_config_names_are_exported_from_the_package_and_the_trainer_module():
+    import composerjax
+    import composerjax.trainer
+
+    assert composerjax.TrainerConfig is composerjax.trainer.TrainerConfig is TrainerConfig
+    assert composerjax.load_config is load_config and composerjax.trainer.ConfigError is ConfigError
+    with pytest.raises(AttributeError, match="no attribute 'TrainerConfg'"):
+        composerjax.TrainerConfg  # noqa: B018
+
+
 def test_yaml_json_files_and_overrides(tmp_path):
     import yaml
 
