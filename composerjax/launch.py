@@ -90,9 +90,18 @@ def launch(
         FileNotFoundError: ``script`` does not exist.
 
     Example:
-        >>> launch('train.py', ['--epochs', '2'], num_processes=2, devices_per_process=2)  # doctest: +SKIP
-        [rank 0] ...
+        A script that only prints its rank (a training script runs the same way):
+
+        >>> import io, pathlib, tempfile
+        >>> script = pathlib.Path(tempfile.mkdtemp()) / "hello.py"
+        >>> _ = script.write_text("import os, sys; print('rank', os.environ['COMPOSERJAX_PROCESS_ID'], sys.argv[1:])")
+        >>> printed = io.StringIO()
+        >>> launch(script, ["--epochs", "2"], num_processes=2, output=printed)
         0
+        >>> for line in sorted(printed.getvalue().splitlines()):
+        ...     print(line)
+        [rank 0] rank 0 ['--epochs', '2']
+        [rank 1] rank 1 ['--epochs', '2']
     """
     script = os.fspath(script)
     _check_count("num_processes", num_processes)
