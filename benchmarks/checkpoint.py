@@ -10,6 +10,15 @@ no-save run's median and over the same run's quiet steps (the target is in-fligh
 The warm-up shifts the saves to an eighth of an interval into each round, so a save has most of an
 interval to finish before ``fit()``'s closing wait; the header counts any it cut short.
 
+Part 1 blocks on every step, so the host's Python and the device's compute take turns and every
+bit of background work lands on the step's critical path: the worst case. A real run does not
+block: dispatch is asynchronous and the host runs ahead of the device. Part 1b measures that: the
+same two trainers, one long ``fit`` each, blocking only at the edges of windows of ``--window``
+steps. A saving run's window starts one step after the save (that step pays the synchronous part)
+and the header counts the windows whose save was still running at their end (so the whole window
+was in flight). The ratio is the saving run's median window time over the no-save run's median
+window time on the same batch indices.
+
 Part 2 times ``Checkpointer.save(state)`` returning, the save reaching disk (``wait()``) and
 ``Checkpointer.restore(state)`` (the calls the Trainer makes for ``save_interval`` and ``load_path``),
 interleaved with train steps of the same trainer, in seconds and in train steps.
@@ -164,6 +173,68 @@ def measure_in_flight(rounds: int, save_every: int) -> dict[str, Any]:
     }
 
 
+class WindowTimer(Callback):
+    """Time windows of ``window`` steps that start one step after each due save, blocking only at the edges.
+
+    Between the edges the host dispatches steps asynchronously, as a training run does, so the
+    window time is the pipelined step time. The no-save trainer times the same batch indices.
+    """
+
+    def __init__(self, save_every: int, window: int) -> None:
+        self.save_every, self.window = save_every, window
+        self.checkpointer: Any = None
+        self.windows: list[float] = []
+        self.intervals: list[float] = []  # due batch to due batch: a whole interval, save() included
+        self.in_flight_at_end: list[bool] = []
+        self._start: float | None = None
+        self._interval_start: float | None = None
+
+    def fit_start(self, state: Any, logger: Any) -> None:
+        self._start = self._interval_start = None  # only spans inside one fit (the other trainer runs between)
+
+    def batch_end(self, state: Any, logger: Any) -> None:
+        offset = state.timestamp.batch % self.save_every
+        if offset == 0:  # BATCH_END of a due batch comes before the trainer's save()
+            state.loss.block_until_ready()
+            now = time.perf_counter()
+            if self._interval_start is not None:
+                self.intervals.append(now - self._interval_start)
+            self._interval_start = now
+        elif offset == 1:  # the step after a due save (its sync part is paid): the window opens
+            state.loss.block_until_ready()
+            self._start = time.perf_counter()
+        elif offset == 1 + self.window and self._start is not None:
+            state.loss.block_until_ready()
+            self.windows.append(time.perf_counter() - self._start)
+            self._start = None
+            if self.checkpointer is not None:
+                self.in_flight_at_end.append(bool(saving_in_progress(self.checkpointer)))
+
+
+def measure_pipelined(rounds: int, save_every: int, window: int) -> dict[str, Any]:
+    """Median window time while a save is in flight, steps dispatched without blocking, against no saves."""
+    timers = {"plain": WindowTimer(save_every, window), "saving": WindowTimer(save_every, window)}
+    with tempfile.TemporaryDirectory() as folder:
+        trainers = {"plain": make_trainer(timers["plain"]),
+                    "saving": make_trainer(timers["saving"], folder, save_every)}
+        timers["saving"].checkpointer = trainers["saving"].checkpointer
+        for name, trainer in trainers.items():  # compile and the first save (orbax setup)
+            trainer.fit(f"{2 * save_every - max(save_every // 8, 1)}ba")
+            timers[name].windows.clear()
+            timers[name].intervals.clear()
+            timers[name].in_flight_at_end.clear()
+        for _ in range(rounds):
+            for trainer in trainers.values():
+                trainer.fit(f"{2 * save_every}ba")  # two due batches: one whole interval between them
+        for trainer in trainers.values():
+            trainer.close()
+    plain, saving = timers["plain"], timers["saving"]
+    return {"plain": statistics.median(plain.windows), "saving": statistics.median(saving.windows),
+            "windows": len(saving.windows), "in_flight": sum(saving.in_flight_at_end),
+            "plain interval": statistics.median(plain.intervals),
+            "saving interval": statistics.median(saving.intervals), "intervals": len(saving.intervals)}
+
+
 def measure_save_restore(rounds: int, steps_between: int) -> dict[str, Any]:
     """Per round: a few timed train steps, then ``save()``, ``wait()`` and ``restore()`` of that state.
 
@@ -202,6 +273,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--save-every", type=int, default=100, help="save interval in batches (part 1)")
+    parser.add_argument("--window", type=int, default=20, help="steps per pipelined window (part 1b)")
     args = parser.parse_args()
     if args.save_every < 2:
         parser.error("--save-every must be at least 2")
@@ -232,6 +304,18 @@ def main() -> None:
     total = sum(row["all"]) / sum(row["plain"])
     print(f"{'saving trainer: all steps, total time / total time':56s} {len(row['all']):6d} {'':>10s} "
           f"{total:14.3f}")
+
+    piped = measure_pipelined(3 * args.rounds, args.save_every, args.window)  # windows are short: more of them
+    print(f"\npipelined (no per-step blocking): windows of {args.window} steps from one step after each save; "
+          f"{piped['in_flight']}/{piped['windows']} windows ended with the save still in flight")
+    print(f"{'window':56s} {'median ms':>10s} {'/ no-save run':>14s}")
+    print(f"{'no-save trainer':56s} {piped['plain'] * 1e3:10.2f} {1.0:14.3f}")
+    print(f"{'saving trainer: save in flight':56s} {piped['saving'] * 1e3:10.2f} "
+          f"{piped['saving'] / piped['plain']:14.3f}")
+    print(f"{'no-save trainer: a whole interval of ' + str(args.save_every) + ' steps':56s} "
+          f"{piped['plain interval'] * 1e3:10.2f} {1.0:14.3f}")
+    print(f"{'saving trainer: a whole interval, save() included':56s} {piped['saving interval'] * 1e3:10.2f} "
+          f"{piped['saving interval'] / piped['plain interval']:14.3f}")
 
     timings = measure_save_restore(args.rounds, steps_between=10)
     step = timings["step"]
