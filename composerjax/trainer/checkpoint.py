@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 from typing import Any
 
 import jax
@@ -111,7 +112,7 @@ class Checkpointer:
             raise ValueError(f"writer_switch_interval={writer_switch_interval!r}: expected a positive number of "
                              "seconds, or None")
         self.writer_switch_interval = writer_switch_interval
-        self._switch_interval_before: float | None = None  # the interval to put back once saves are done
+        self._lowered_switch_interval = False  # whether this checkpointer holds the interval lowered
         self.writer_threads: set[int] = set()
         self.manager = ocp.CheckpointManager(
             self.folder,
@@ -149,9 +150,9 @@ class Checkpointer:
         # Two items, not one per part: every orbax item costs its own files and background work.
         items = {"state": ocp.args.PyTreeSave(arrays),
                  "meta": ocp.args.JsonSave(_to_json({"host": host, "hparams": hparams or {}}))}
-        if self.writer_switch_interval is not None and self._switch_interval_before is None:
-            self._switch_interval_before = sys.getswitchinterval()
-            sys.setswitchinterval(self.writer_switch_interval)
+        if self.writer_switch_interval is not None and not self._lowered_switch_interval:
+            _SWITCH_INTERVAL.lower(self, self.writer_switch_interval)
+            self._lowered_switch_interval = True
         threads = _threads()
         self.manager.save(step, args=ocp.args.Composite(**items))
         self._lower_priority(_threads() - threads)
@@ -274,9 +275,41 @@ class Checkpointer:
         self.manager.close()
 
     def _restore_switch_interval(self) -> None:
-        if self._switch_interval_before is not None:
-            sys.setswitchinterval(self._switch_interval_before)
-            self._switch_interval_before = None
+        if self._lowered_switch_interval:
+            _SWITCH_INTERVAL.release(self)
+            self._lowered_switch_interval = False
+
+
+class _SwitchInterval:
+    """The GIL switch interval, lowered while any checkpointer's save may be in flight.
+
+    Several checkpointers (two trainers in one process) share the one interpreter setting: the
+    first to save records the interval it found, the last one done puts it back.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._holders: dict[int, float] = {}
+        self._original: float | None = None
+
+    def lower(self, holder: object, seconds: float) -> None:
+        with self._lock:
+            if not self._holders:
+                self._original = sys.getswitchinterval()
+            self._holders[id(holder)] = seconds
+            sys.setswitchinterval(min(self._holders.values()))
+
+    def release(self, holder: object) -> None:
+        with self._lock:
+            self._holders.pop(id(holder), None)
+            if self._holders:
+                sys.setswitchinterval(min(self._holders.values()))
+            elif self._original is not None:
+                sys.setswitchinterval(self._original)
+                self._original = None
+
+
+_SWITCH_INTERVAL = _SwitchInterval()
 
 
 def _threads() -> set[int]:

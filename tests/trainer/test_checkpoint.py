@@ -341,6 +341,24 @@ def test_orbax_writer_threads_run_at_the_lowest_priority_and_the_main_thread_doe
         Checkpointer(str(tmp_path), writer_switch_interval=0)
 
 
+def test_two_checkpointers_share_the_lowered_switch_interval_and_the_last_one_done_restores_it(tmp_path):
+    trainer = make_trainer(None, duration="1ba")
+    trainer.fit()
+    original = sys.getswitchinterval()
+    first = Checkpointer(str(tmp_path / "a"), writer_switch_interval=0.001)
+    second = Checkpointer(str(tmp_path / "b"), writer_switch_interval=0.0005)
+    first.save(trainer.state)
+    assert sys.getswitchinterval() == 0.001
+    second.save(trainer.state)
+    assert sys.getswitchinterval() == 0.0005  # the smaller of the two while both may be writing
+    second.wait()
+    assert sys.getswitchinterval() == 0.001  # the first one's save may still be in flight
+    first.close()
+    second.close()
+    assert sys.getswitchinterval() == original
+    assert first.latest() == second.latest() == 1
+
+
 def test_surgery_at_init_is_reapplied_before_loading(tmp_path):
     from composerjax.algorithms import Factorize
 
