@@ -17,7 +17,8 @@ same two trainers, one long ``fit`` each, blocking only at the edges of windows 
 steps. A saving run's window starts one step after the save (that step pays the synchronous part)
 and the header counts the windows whose save was still running at their end (so the whole window
 was in flight). The ratio is the saving run's median window time over the no-save run's median
-window time on the same batch indices.
+window time on the same batch indices. Both runs also block at each due batch, which gives a
+third row: a whole interval, from one due batch to the next, with its save included.
 
 Part 2 times ``Checkpointer.save(state)`` returning, the save reaching disk (``wait()``) and
 ``Checkpointer.restore(state)`` (the calls the Trainer makes for ``save_interval`` and ``load_path``),

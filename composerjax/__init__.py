@@ -63,14 +63,10 @@ __all__ = [
     "load_config",
 ]
 
-# Loaded on first use: pydantic and the registries cost an import that training from Python skips.
-_LAZY = {"TrainerConfig": "composerjax.trainer.config", "load_config": "composerjax.trainer.config"}
-
-
 def __getattr__(name: str) -> object:
-    """``composerjax.TrainerConfig`` and ``composerjax.load_config``, imported when first asked for."""
-    if name in _LAZY:
-        import importlib
+    """``composerjax.TrainerConfig`` and ``composerjax.load_config``, imported on first use (pydantic)."""
+    if name in ("TrainerConfig", "load_config"):
+        from composerjax import trainer  # it imports its config module lazily too
 
-        return getattr(importlib.import_module(_LAZY[name]), name)
+        return getattr(trainer, name)
     raise AttributeError(f"module 'composerjax' has no attribute {name!r}")

@@ -112,7 +112,6 @@ class Checkpointer:
             raise ValueError(f"writer_switch_interval={writer_switch_interval!r}: expected a positive number of "
                              "seconds, or None")
         self.writer_switch_interval = writer_switch_interval
-        self._lowered_switch_interval = False  # whether this checkpointer holds the interval lowered
         self.writer_threads: set[int] = set()
         self.manager = ocp.CheckpointManager(
             self.folder,
@@ -150,9 +149,8 @@ class Checkpointer:
         # Two items, not one per part: every orbax item costs its own files and background work.
         items = {"state": ocp.args.PyTreeSave(arrays),
                  "meta": ocp.args.JsonSave(_to_json({"host": host, "hparams": hparams or {}}))}
-        if self.writer_switch_interval is not None and not self._lowered_switch_interval:
+        if self.writer_switch_interval is not None:
             _SWITCH_INTERVAL.lower(self, self.writer_switch_interval)
-            self._lowered_switch_interval = True
         threads = _threads()
         self.manager.save(step, args=ocp.args.Composite(**items))
         self._lower_priority(_threads() - threads)
@@ -267,24 +265,19 @@ class Checkpointer:
     def wait(self) -> None:
         """Block until every started save is on disk (and put the GIL switch interval back)."""
         self.manager.wait_until_finished()
-        self._restore_switch_interval()
+        _SWITCH_INTERVAL.release(self)
 
     def close(self) -> None:
         """Finish pending saves and release the manager."""
         self.wait()
         self.manager.close()
 
-    def _restore_switch_interval(self) -> None:
-        if self._lowered_switch_interval:
-            _SWITCH_INTERVAL.release(self)
-            self._lowered_switch_interval = False
-
-
 class _SwitchInterval:
     """The GIL switch interval, lowered while any checkpointer's save may be in flight.
 
     Several checkpointers (two trainers in one process) share the one interpreter setting: the
-    first to save records the interval it found, the last one done puts it back.
+    first to save records the interval it found, the last one done puts it back. Lowering again
+    while holding it, or releasing without holding it, changes nothing.
     """
 
     def __init__(self) -> None:
@@ -301,7 +294,8 @@ class _SwitchInterval:
 
     def release(self, holder: object) -> None:
         with self._lock:
-            self._holders.pop(id(holder), None)
+            if self._holders.pop(id(holder), None) is None:
+                return
             if self._holders:
                 sys.setswitchinterval(min(self._holders.values()))
             elif self._original is not None:
