@@ -24,16 +24,19 @@ Example:
 
 from __future__ import annotations
 
+import collections
 import importlib.metadata
 import importlib.util
+import itertools
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
 import numpy as np
 
 __all__ = [
+    "agree_max",
     "REDUCE_OPS",
     "all_gather",
     "all_reduce",
@@ -147,6 +150,51 @@ def barrier(name: str = "barrier") -> None:
         from jax.experimental import multihost_utils
 
         multihost_utils.sync_global_devices(name)
+
+
+#: How long :func:`agree_max` waits for the slowest process (a peer still compiling is slow, not dead).
+AGREE_TIMEOUT_S = 1800
+_agree_rounds: collections.defaultdict[str, itertools.count] = collections.defaultdict(itertools.count)
+
+
+def agree_max(name: str, values: Sequence[int]) -> tuple[int, ...]:
+    """Every process's ``values``, combined elementwise by ``max``: the same tuple on every process.
+
+    For decisions every process must take at the same point (stop here, save now). It goes through
+    ``jax.distributed``'s coordination service (a key per process per round), never through the
+    devices, so it does not wait for the steps in flight. Every process must call it the same
+    number of times in the same order (rounds are numbered by call). One process: ``values`` as is.
+
+    Raises:
+        RuntimeError: a process did not answer within :data:`AGREE_TIMEOUT_S`, naming it.
+
+    Example:
+        >>> agree_max('stop', (0, 1))
+        (0, 1)
+    """
+    values = tuple(int(v) for v in values)
+    count = process_count()
+    if count == 1:
+        return values
+    from jax._src import distributed
+
+    client = distributed.global_state.client
+    rank, round_ = process_index(), next(_agree_rounds[name])
+    key = f"composerjax/agree/{name}/{{round}}/{{rank}}"
+    client.key_value_set(key.format(round=round_, rank=rank), ",".join(map(str, values)))
+    combined = list(values)
+    for other in range(count):
+        if other == rank:
+            continue
+        try:
+            text = client.blocking_key_value_get(key.format(round=round_, rank=other), AGREE_TIMEOUT_S * 1000)
+        except Exception as error:
+            raise RuntimeError(f"agree_max({name!r}): process {other} did not answer round {round_} within "
+                               f"{AGREE_TIMEOUT_S} s: {error}") from error
+        combined = [max(a, int(b)) for a, b in zip(combined, text.split(","))]
+    if round_ >= 2:  # every process has read round - 2 (each has finished round - 1): drop this one's key
+        client.key_value_delete(key.format(round=round_ - 2, rank=rank))
+    return tuple(combined)
 
 
 def broadcast(value: Any, src: int = 0) -> Any:

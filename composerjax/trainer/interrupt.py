@@ -3,12 +3,26 @@
 from __future__ import annotations
 
 import signal
+from dataclasses import dataclass
 from typing import Any
 
 import jax
 import numpy as np
 
-__all__ = ["TrainingInterrupted", "BatchError", "describe_batch", "diagnose_batch", "note_batch"]
+__all__ = ["StopDecision", "TrainingInterrupted", "BatchError", "describe_batch", "diagnose_batch", "note_batch"]
+
+
+@dataclass(frozen=True)
+class StopDecision:
+    """Why ``fit`` stops early, agreed by every process: the signal received (0: none) and/or the time limit.
+
+    Example:
+        >>> StopDecision(signum=15).time_limit
+        False
+    """
+
+    signum: int = 0
+    time_limit: bool = False
 
 
 class TrainingInterrupted(SystemExit):

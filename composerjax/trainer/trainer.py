@@ -17,6 +17,7 @@ import numpy as np
 import optax
 from flax import nnx
 
+from composerjax import dist
 from composerjax.core.algorithm import Algorithm
 from composerjax.core.callback import Callback
 from composerjax.core.engine import Engine
@@ -45,8 +46,14 @@ from composerjax.parallel.strategy import (
 from composerjax.step.builder import StepBuilder, add_metric_sums, split_model
 from composerjax.step.keys import KeyCodec
 from composerjax.step.precision import compute_dtype
-from composerjax.trainer.checkpoint import Checkpointer
-from composerjax.trainer.interrupt import TrainingInterrupted, describe_batch, diagnose_batch, note_batch
+from composerjax.trainer.checkpoint import Checkpointer, CheckpointSaveError
+from composerjax.trainer.interrupt import (
+    StopDecision,
+    TrainingInterrupted,
+    describe_batch,
+    diagnose_batch,
+    note_batch,
+)
 from composerjax.trainer.summary import (
     CompiledStep,
     cost_of,
@@ -57,6 +64,9 @@ from composerjax.trainer.summary import (
 )
 
 __all__ = ["Trainer", "TrainingInterrupted"]
+
+#: When ``fit`` fails, how long it waits for a checkpoint in flight to reach the disk before giving up.
+ABANDON_SAVE_TIMEOUT_S = 120.0
 
 @functools.partial(jax.jit, donate_argnums=0)
 def _with_total_steps(clock: jax.Array, total: int) -> jax.Array:
@@ -136,14 +146,21 @@ class Trainer:
         save_num_checkpoints_to_keep: keep the newest N checkpoints (-1 keeps all).
         save_weights_only: save only the model's variables (for fine-tuning or serving; such a
             checkpoint cannot resume a run).
+        save_overwrite: let this run replace checkpoints another run left in ``save_folder``.
+            Without it (and without ``autoresume``), a ``save_folder`` that already holds
+            checkpoints is refused here: a new run never silently mixes with or hides behind an
+            old one. Either way, a folder a live run is writing is refused
+            (:class:`~composerjax.trainer.checkpoint.SaveFolderInUseError`).
         load_path: load at start: a ``save_folder`` (its newest checkpoint) or one checkpoint's
             folder inside it (``'runs/x/checkpoints/1200'``). Checked against the run first: a
             checkpoint that does not fit the model, optimizer or algorithms raises
             :class:`~composerjax.trainer.checkpoint.CheckpointMismatchError` listing every difference.
         load_weights_only: from ``load_path`` take only the model's variables; time, optimizer
             and algorithm state start fresh.
-        autoresume: continue from the newest complete checkpoint in ``save_folder`` if there is
-            one (then ``load_path`` is ignored), else start as usual.
+        autoresume: continue from the newest complete checkpoint in ``save_folder`` that reads
+            back intact (then ``load_path`` is ignored), else start as usual. Corrupt checkpoints
+            (a missing item, an unreadable file, arrays whose checksum differs from the one saved)
+            are skipped, newest first, each named on stderr with why.
         time_limit: a wall-clock budget for this process's training, e.g. ``'2h30m'`` or
             ``'45m'``: once it is spent, ``fit`` finishes the current step, saves a checkpoint
             (with ``save_folder``) and returns with ``trainer.stop_reason == 'time_limit'``; a
@@ -211,6 +228,7 @@ class Trainer:
         save_interval: Time | str = "1ep",
         save_num_checkpoints_to_keep: int = -1,
         save_weights_only: bool = False,
+        save_overwrite: bool = False,
         load_path: str | None = None,
         load_weights_only: bool = False,
         autoresume: bool = False,
@@ -244,6 +262,7 @@ class Trainer:
 
         self.time_limit = _to_time_limit(time_limit)
         for flag, value in (("save_weights_only", save_weights_only), ("load_weights_only", load_weights_only),
+                            ("save_overwrite", save_overwrite),
                             ("autoresume", autoresume), ("skip_nonfinite_updates", skip_nonfinite_updates),
                             ("handle_signals", handle_signals)):
             if not isinstance(value, bool):
@@ -324,6 +343,7 @@ class Trainer:
         self.resumed_from: int | None = None
         self.config: Any = None  # the TrainerConfig, when built from one
         self._stop_signal: int | None = None
+        self._stop_decision: StopDecision | None = None
         self._fit_started_at: float | None = None
         self._batch_signature: Any = None
         self.state.skip_nonfinite_updates = skip_nonfinite_updates
@@ -331,22 +351,30 @@ class Trainer:
         self.checkpointer = None
         if save_folder is not None:
             keep = None if save_num_checkpoints_to_keep == -1 else save_num_checkpoints_to_keep
-            self.checkpointer = Checkpointer(os.fspath(save_folder), save_interval, keep, save_weights_only)
-        if self._auto_microbatch and device_memory_budget is None:
-            self.device_memory_budget = _default_memory_budget(self.mesh.devices.flat[0])
-        self.engine.run_event(Event.INIT)
-        self._build_device_state()
-        self.hparams = self._hyperparameters(max_duration, save_interval, save_weights_only, time_limit)
-        # Loading comes after INIT: surgery has already reshaped the model the weights must fit.
-        if autoresume and self.checkpointer.latest() is not None:
-            self._load(self.checkpointer, None, False, "save_folder")
-        elif load_path is not None:
-            folder, step = _checkpoint_location(os.fspath(load_path))
-            loader = Checkpointer(folder)
-            try:
-                self._load(loader, step, load_weights_only, "load_path")
-            finally:
-                loader.close()
+            self.checkpointer = Checkpointer(os.fspath(save_folder), save_interval, keep, save_weights_only,
+                                             owner=self.state.run_name, overwrite=save_overwrite)
+        try:
+            if self.checkpointer is not None and not autoresume and not save_overwrite:
+                _refuse_old_checkpoints(self.checkpointer)
+            if self._auto_microbatch and device_memory_budget is None:
+                self.device_memory_budget = _default_memory_budget(self.mesh.devices.flat[0])
+            self.engine.run_event(Event.INIT)
+            self._build_device_state()
+            self.hparams = self._hyperparameters(max_duration, save_interval, save_weights_only, time_limit)
+            # Loading comes after INIT: surgery has already reshaped the model the weights must fit.
+            if autoresume and self.checkpointer.latest() is not None:
+                self._load(self.checkpointer, None, False, "save_folder")
+            elif load_path is not None:
+                folder, step = _checkpoint_location(os.fspath(load_path))
+                loader = Checkpointer(folder)
+                try:
+                    self._load(loader, step, load_weights_only, "load_path")
+                finally:
+                    loader.close()
+        except BaseException:
+            if self.checkpointer is not None:
+                self.checkpointer.close()
+            raise
 
     # -- declarative use -------------------------------------------------------------------------
     @classmethod
@@ -373,7 +401,11 @@ class Trainer:
     def _load(self, checkpointer: Checkpointer, step: int | None, weights_only: bool, field: str) -> None:
         """Restore a checkpoint into the state, between BEFORE_LOAD and AFTER_LOAD."""
         self.engine.run_event(Event.BEFORE_LOAD)
-        self.resumed_from = checkpointer.restore(self.state, step, weights_only=weights_only, field=field)
+        if step is None:  # the newest that reads back intact
+            self.resumed_from = checkpointer.restore_newest_valid(self.state, field, weights_only=weights_only,
+                                                                  report=_print_error)
+        else:
+            self.resumed_from = checkpointer.restore(self.state, step, weights_only=weights_only, field=field)
         self.engine.run_event(Event.AFTER_LOAD)
 
     def _hyperparameters(self, max_duration: Any, save_interval: Any, save_weights_only: bool,
@@ -407,6 +439,12 @@ class Trainer:
 
     def save_checkpoint(self, wait: bool = False) -> int:
         """Save a checkpoint now into ``save_folder`` (async unless ``wait``); return its batch index.
+
+        With ``wait``, the checkpoint is on disk and verified when this returns.
+
+        Raises:
+            CheckpointSaveError: the save was refused or failed (with ``wait``, or for the previous
+                async save); a save that did not happen is never returned as done.
 
         Example::
 
@@ -551,18 +589,25 @@ class Trainer:
         self.stop_reason = None
         self.engine.run_event(Event.FIT_START)
         previous_handlers = self._install_signal_handlers()
+        self._stop_decision = None
         try:
             self._train_loop()
             self._flush_logs()
-            if self.checkpointer is not None and (self._stop_signal is not None or self._time_is_up()
-                                                  or self._done()):
+            self._stop_now()  # a signal that came during the last batch or the flush still counts
+            decision = self._stop_decision
+            if self.checkpointer is not None and (decision is not None or self._done()):
                 # Nothing lost: the end of training, a time limit or a signal always leaves a checkpoint.
                 self.checkpointer.save(state, self.hparams)
-            if self._stop_signal is not None:
-                self._exit_on_signal(self._stop_signal)
+            if decision is not None and decision.signum:
+                self._exit_on_signal(decision.signum)
+        except TrainingInterrupted:
+            raise
+        except BaseException as error:
+            self._finish_saves_after(error)
+            raise
         finally:
             _restore_signal_handlers(previous_handlers)
-        if self._time_is_up():
+        if self._stop_decision is not None and self._stop_decision.time_limit:
             self.stop_reason = "time_limit"
         # The first step donated the arrays the user's module held: give it the trained ones back
         # (once per fit, not per step), so the caller's own handle on the model stays usable.
@@ -591,8 +636,29 @@ class Trainer:
             raise TrainingInterrupted(signum, saved_batch=None)
         self._stop_signal = signum
 
-    def _should_stop(self) -> bool:
-        return self._stop_signal is not None or self._time_is_up()
+    def _stop_now(self) -> bool:
+        """After a batch or group: whether training stops here. The same answer on every process.
+
+        It stops when ``max_duration`` is reached, a signal arrived or ``time_limit`` is spent. With
+        several processes each one's view is combined (any process's signal, time limit or stop
+        stops them all, at the same batch) through the coordination service, so no process waits in
+        a collective or a save barrier that another has left.
+        """
+        if self._stop_decision is not None:
+            return True
+        state = self.state
+        duration = state.max_duration
+        reached = getattr(state.timestamp, _COUNTER[duration.unit]) >= duration.value
+        signum, time_up = self._stop_signal or 0, self._time_is_up()
+        if self._multi_process:
+            signum, time_up, any_reached = dist.agree_max("composerjax-stop", (signum, int(time_up), int(reached)))
+            if any_reached and not reached:  # another process's callback stopped the run
+                state.stop_training()
+                reached = True
+        if signum or time_up:
+            self._stop_decision = StopDecision(signum=signum, time_limit=bool(time_up))
+            return True
+        return bool(reached)
 
     def _time_is_up(self) -> bool:
         limit = self.time_limit
@@ -604,7 +670,7 @@ class Trainer:
         self.stop_reason = name
         saved = None
         if self.checkpointer is not None:
-            self.checkpointer.wait()
+            self.checkpointer.wait()  # raises CheckpointSaveError if the save did not reach the disk
             saved = self.checkpointer.last_saved
             _print(f"{name}: saved checkpoint {saved} in {self.checkpointer.folder}; exiting with status "
                    f"{128 + signum}")
@@ -612,6 +678,24 @@ class Trainer:
             _print(f"{name}: no save_folder, so no checkpoint; exiting with status {128 + signum}")
         self.close()
         raise TrainingInterrupted(signum, saved_batch=saved)
+
+    def _finish_saves_after(self, error: BaseException) -> None:
+        """``fit`` is failing with ``error``: let the save in flight finish (bounded), then release the folder.
+
+        The original error is the one the caller sees; what happened to the save is one line on
+        stderr above it, so orbax's shutdown is never the first (or only) thing a user reads.
+        """
+        checkpointer = self.checkpointer
+        if checkpointer is None:
+            return
+        pending = checkpointer.in_flight
+        try:
+            checkpointer.close(timeout_s=ABANDON_SAVE_TIMEOUT_S)
+            if pending is not None:
+                _print_error(f"composerjax: fit failed ({type(error).__name__}); checkpoint {pending}, in flight, was "
+                             f"finished and verified in {checkpointer.folder}")
+        except CheckpointSaveError as save_error:
+            _print_error(f"composerjax: fit failed ({type(error).__name__}); and {save_error}")
 
     def _set_total_steps(self) -> None:
         train_state = self.state.train_state
@@ -633,7 +717,7 @@ class Trainer:
         count_tokens = self.tokens_per_batch
         checkpointer = self.checkpointer
         perf_counter = time.perf_counter
-        should_stop = self._should_stop
+        stop_now = self._stop_now
         save_after_epoch = False
         grouping = self.steps_per_call if self.steps_per_call > 1 and not self._multi_process else 0
         while not self._done():
@@ -678,9 +762,7 @@ class Trainer:
                     self._eval_during_fit()
                 if timestamp.batch_in_epoch == state.dataloader_len:
                     break
-                # max_duration may change unit mid-run (state.stop_training() counts batches).
-                duration = state.max_duration
-                if getattr(timestamp, _COUNTER[duration.unit]) >= duration.value or should_stop():
+                if stop_now():
                     epoch_ended = False
                     break
             if epoch_ended:
@@ -695,7 +777,7 @@ class Trainer:
                 save_after_epoch = False
                 if eval_every_epochs and state.timestamp.epoch % eval_every_epochs == 0:
                     self._eval_during_fit()
-            if should_stop():
+            if stop_now():
                 return
 
     def _group_room(self) -> int:
@@ -1035,6 +1117,21 @@ class Trainer:
     def compile_count(self) -> int:
         """How many steps (train, eval and predict) have been traced and compiled."""
         return self.state.compile_count
+
+
+def _refuse_old_checkpoints(checkpointer: Checkpointer) -> None:
+    """A new run may not write into a folder that holds another run's checkpoints (nothing lost, nothing mixed)."""
+    steps = checkpointer.steps()
+    if steps:
+        raise ValueError(
+            f"save_folder={checkpointer.folder!r} already holds checkpoints {steps} from an earlier run; expected an "
+            "empty or new folder. Pass autoresume=True to continue that run, save_overwrite=True to replace its "
+            "checkpoints, or a new save_folder")
+
+
+def _print_error(text: str) -> None:
+    """One line on stderr, flushed (reports that must come before an error's traceback)."""
+    print(text, file=sys.stderr, flush=True)
 
 
 def _print(text: str) -> None:

@@ -19,6 +19,7 @@ from composerjax.algorithms import EMA, SWA
 from composerjax.callbacks import NaNMonitor
 from composerjax.loggers import InMemoryLogger
 from composerjax.trainer import Checkpointer
+from composerjax.trainer.checkpoint import OWNER_FILE
 
 
 def regression_data(samples: int = 48) -> tuple[np.ndarray, np.ndarray]:
@@ -167,7 +168,7 @@ def test_a_checkpoint_that_does_not_fit_is_refused_before_anything_changes(tmp_p
     trainer.fit()
     trainer.close()
     before = {path: os.path.getmtime(os.path.join(root, path)) for root, _, files in os.walk(tmp_path)
-              for path in files}
+              for path in files if path != OWNER_FILE}
     with pytest.raises(CheckpointMismatchError) as error:
         make_trainer(None, width=5, load_path=str(tmp_path))
     message = str(error.value)
@@ -178,7 +179,7 @@ def test_a_checkpoint_that_does_not_fit_is_refused_before_anything_changes(tmp_p
     with pytest.raises(CheckpointMismatchError, match="save_folder="):  # autoresume into a different model
         make_trainer(tmp_path, width=5, autoresume=True)
     after = {path: os.path.getmtime(os.path.join(root, path)) for root, _, files in os.walk(tmp_path)
-             for path in files}
+             for path in files if path != OWNER_FILE}
     assert saved_steps(tmp_path) == [1, 2] and after == before
 
 

@@ -119,7 +119,7 @@ CROSS_DEVICE = textwrap.dedent(
     cases = ((4, "ddp", 1, "ddp"), (4, "ddp", 2, "ddp"), (1, "ddp", 4, "ddp"), (2, "ddp", 4, "ddp"),
              (4, "fsdp", 1, "ddp"), (1, "ddp", 4, "fsdp"))
     for saved_on, saved_as, loaded_on, loaded_as in cases:
-        name = f"{saved_on}{saved_as}"
+        name = f"{saved_on}{saved_as}-to-{loaded_on}{loaded_as}"  # one folder per run: a folder holds one run
         source = trainer(saved_on, saved_as, save_folder=f"{folder}/{name}", save_interval="3ba")
         source.fit()
         source.close()
