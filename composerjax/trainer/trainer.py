@@ -26,6 +26,7 @@ from composerjax.core.passes import AlgorithmPass
 from composerjax.core.state import State, instance_names
 from composerjax.core.time import Time, TimeUnit
 from composerjax.data.array_loader import as_batch_iterable
+from composerjax.launch import heartbeat
 from composerjax.loggers.destinations import ProgressBarLogger
 from composerjax.loggers.logger import Logger, LoggerDestination
 from composerjax.models.function_model import model_functions
@@ -588,6 +589,7 @@ class Trainer:
             self._fit_started_at = time.perf_counter()
         self.stop_reason = None
         self.engine.run_event(Event.FIT_START)
+        heartbeat()
         previous_handlers = self._install_signal_handlers()
         self._stop_decision = None
         try:
@@ -644,6 +646,7 @@ class Trainer:
         stops them all, at the same batch) through the coordination service, so no process waits in
         a collective or a save barrier that another has left.
         """
+        heartbeat()  # progress, for `composerjax launch --heartbeat-timeout`
         if self._stop_decision is not None:
             return True
         state = self.state
@@ -1063,6 +1066,7 @@ class Trainer:
                 engine.record_plan(plan, state.timestamp.batch)
             totals = sums if totals is None else add_metric_sums(totals, sums)
             engine.run_event(Event.EVAL_BATCH_END)
+            heartbeat()
         if totals is None:
             raise ValueError("eval(): the eval dataloader yielded no batches")
         fetched = jax.device_get(totals)
@@ -1101,6 +1105,7 @@ class Trainer:
                 engine.record_plan(plan, state.timestamp.batch)
             outputs.append(state.outputs)
             engine.run_event(Event.PREDICT_BATCH_END)
+            heartbeat()
         engine.run_event(Event.PREDICT_END)
         return jax.device_get(outputs)
 

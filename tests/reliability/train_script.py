@@ -7,7 +7,8 @@
 ``--fail-at N``: the data loader raises at batch N. ``--ready-at N``: print READY after batch N.
 ``--hold-at N``: after batch N, wait until the file ``<save folder>.release`` exists. Under
 ``composerjax launch`` every process runs it; ``--time-limit`` applies only on rank ``--time-limit-rank``.
-Writes ``--out`` (JSON): the batch reached, the stop reason and the checkpoint resumed from.
+Writes ``--out`` (JSON; ``RANK`` in the name becomes the process index): the batch reached, the stop
+reason and the checkpoint resumed from, also when a signal stopped the run.
 """
 
 from __future__ import annotations
@@ -57,7 +58,8 @@ class Marks(Callback):
     def batch_end(self, state, logger) -> None:
         batch = state.timestamp.batch
         if batch == self.ready_at:
-            print(f"READY {jax.process_index()}", flush=True)
+            print(f"READY {jax.process_index()} {os.getpid()}" if jax.process_count() > 1 else
+                  f"READY {jax.process_index()}", flush=True)
         if batch == self.hold_at:
             while not os.path.exists(self.release):
                 time.sleep(0.05)
@@ -99,12 +101,15 @@ def main() -> None:
                       save_interval=args.save_interval, autoresume=args.autoresume, save_overwrite=args.overwrite,
                       time_limit=time_limit)
     resumed = trainer.resumed_from
-    trainer.fit()
-    trainer.close()
-    if args.out:
-        with open(args.out, "w") as file:
-            json.dump({"batch": trainer.state.timestamp.batch, "stop_reason": trainer.stop_reason,
-                       "resumed_from": resumed, "process": jax.process_index()}, file)
+    try:
+        trainer.fit()
+        trainer.close()
+    finally:  # a signal's TrainingInterrupted too: what each process decided is what the tests compare
+        if args.out:
+            out = args.out.replace("RANK", str(jax.process_index()))
+            with open(out, "w") as file:
+                json.dump({"batch": trainer.state.timestamp.batch, "stop_reason": trainer.stop_reason,
+                           "resumed_from": resumed, "process": jax.process_index()}, file)
     print(f"DONE {trainer.state.timestamp.batch}", flush=True)
     sys.stdout.flush()
 

@@ -1,7 +1,7 @@
 """A training run for the process tests: killed, signalled, resumed, compared bit for bit.
 
     python resume_script.py OUT_DIR --max-duration 18ba [--save-folder F] [--kill-at N]
-        [--kill-after-save N] [--ready-at N] [--loader array|grain] [--autoresume]
+        [--kill-after-save N] [--kill-when-saved N] [--ready-at N] [--loader array|grain] [--autoresume]
 
 Writes ``OUT_DIR/final.npz`` (every leaf of the final train state) and ``OUT_DIR/result.json``.
 """
@@ -13,6 +13,7 @@ import json
 import os
 import signal
 import sys
+import time
 
 import jax
 import numpy as np
@@ -40,13 +41,20 @@ class Records:
 
 
 class Kill(Callback):
-    """SIGKILL this process at BATCH_END of batch ``at`` (no cleanup of any kind runs)."""
+    """SIGKILL this process at BATCH_END of batch ``at`` (no cleanup of any kind runs).
 
-    def __init__(self, at: int) -> None:
-        self.at = at
+    With ``saved``, first wait until checkpoint ``saved`` is complete in ``folder`` (orbax renames
+    it into place when it is whole), so the run dies with exactly that checkpoint as its newest.
+    """
+
+    def __init__(self, at: int, folder: str | None = None, saved: int | None = None) -> None:
+        self.at, self.folder, self.saved = at, folder, saved
 
     def batch_end(self, state, logger) -> None:
         if state.timestamp.batch == self.at:
+            if self.saved is not None:
+                while not os.path.isdir(os.path.join(self.folder, str(self.saved))):
+                    time.sleep(0.01)
             os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -69,6 +77,7 @@ def main() -> None:
     parser.add_argument("--save-interval", default="2ba")
     parser.add_argument("--kill-at", type=int)
     parser.add_argument("--kill-after-save", type=int)
+    parser.add_argument("--kill-when-saved", type=int, help="with --kill-at: first wait for this checkpoint")
     parser.add_argument("--ready-at", type=int)
     parser.add_argument("--loader", default="array")
     parser.add_argument("--width", type=int, default=16)
@@ -89,7 +98,7 @@ def main() -> None:
                                               nnx.Linear(args.width, CLASSES, rngs=rngs)), CLASSES)
     callbacks = []
     if args.kill_at is not None:
-        callbacks.append(Kill(args.kill_at))
+        callbacks.append(Kill(args.kill_at, args.save_folder, args.kill_when_saved))
     if args.ready_at is not None:
         callbacks.append(Ready(args.ready_at))
     os.makedirs(args.out, exist_ok=True)

@@ -39,15 +39,20 @@ def complete_steps(folder) -> list[int]:
 
 @pytest.mark.parametrize("loader", ["array", "grain"])
 def test_sigkill_mid_epoch_then_autoresume_is_bit_identical(tmp_path, loader):
-    """MixUp + EMA + a shuffled loader; 6 batches an epoch, killed at batch 9 (mid epoch 2)."""
+    """MixUp + EMA + a shuffled loader; 6 batches an epoch, killed at batch 9 once checkpoint 8 is on disk.
+
+    Checkpoint 8 is batch 2 of epoch 2: the resume starts strictly inside an epoch, through a real
+    checkpoint (the loader's position, grain's iterator state included, comes from the disk).
+    """
     run(tmp_path / "reference", "--loader", loader)
     folder = tmp_path / "checkpoints"
     run(tmp_path / "killed", "--loader", loader, "--save-folder", str(folder), "--kill-at", "9",
-        expect=-signal.SIGKILL)
+        "--kill-when-saved", "8", expect=-signal.SIGKILL)
     assert not os.path.exists(tmp_path / "killed" / "final.npz")
+    assert complete_steps(folder)[-1] == 8
     run(tmp_path / "resumed", "--loader", loader, "--save-folder", str(folder), "--autoresume")
     resumed = result(tmp_path / "resumed")
-    assert resumed["resumed_from"] in (6, 8) and resumed["batch"] == 18
+    assert resumed == {"resumed_from": 8, "batch": 18}  # 8 = epoch 2, batch 2 of 6: mid-epoch
     reference, after = final(tmp_path / "reference"), final(tmp_path / "resumed")
     assert len(reference) == len(after) > 10  # params, adam moments, EMA averages, clock
     for a, b in zip(reference, after):
