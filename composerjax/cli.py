@@ -93,7 +93,8 @@ class _HelpFormatter(argparse.HelpFormatter):
 _EXIT_STATUSES = """exit statuses:
   0    success
   1    an unexpected error (one line; --debug shows the traceback)
-  2    bad input: a recipe with problems (every one listed), a missing file or folder"""
+  2    bad input: a recipe or --set with problems (every one listed), a missing or unreadable file or
+       folder, a data batch the model cannot train on (e.g. labels outside [0, num_classes))"""
 
 
 def _add_debug(parser: argparse.ArgumentParser) -> None:
@@ -152,6 +153,7 @@ def train_command(args: argparse.Namespace) -> int:
     import time
 
     from composerjax.trainer.config import ConfigError, build_trainer
+    from composerjax.trainer.interrupt import BatchError
 
     config = _load_recipe(args)
     start = time.perf_counter()
@@ -162,6 +164,8 @@ def train_command(args: argparse.Namespace) -> int:
     try:
         trainer.fit()
         results = trainer.eval() if trainer.eval_dataloader is not None else None
+    except BatchError as error:  # the data does not fit the recipe's model (labels >= num_classes, shapes)
+        raise UsageError(str(error)) from None
     finally:
         trainer.close()
     print(_format_results(trainer, results, time.perf_counter() - start))
@@ -485,13 +489,17 @@ def _add_launch(subparsers: Any) -> None:
             "COMPOSERJAX_LOCAL_RANK, COMPOSERJAX_NODE_RANK, COMPOSERJAX_DEVICES_PER_PROCESS), so the script needs "
             "no distributed code. Output lines are prefixed with [rank i]. When a process fails, the others are "
             "stopped (SIGTERM, then SIGKILL) and the launcher exits with that process's status, naming its rank "
-            "and printing its last lines. SIGINT/SIGTERM sent to the launcher are passed on to every process "
-            "(a second one kills them)."
+            "and printing its last lines (a rank that only lost a peer is not blamed). Once any process has called "
+            "composerjax.launch.heartbeat() (the Trainer does, every batch), one that has not for --heartbeat-timeout "
+            "seconds stops the job the same way. SIGINT/SIGTERM sent to the launcher are passed on to every process, "
+            "and what still runs after --grace-period is killed (a second signal kills at once)."
         ),
         epilog=(
             "exit statuses:\n"
             "  0    every process exited with 0\n"
             "  N    the status of the first process that failed (its rank and last lines are printed)\n"
+            "  124  a process made no progress for --heartbeat-timeout seconds (its rank and last lines are printed)\n"
+            "  130  the launcher received SIGINT (143: SIGTERM) before any process failed\n"
             "  1    an unexpected error in the launcher (one line; --debug shows the traceback)\n"
             "  2    bad arguments (N < 1, a missing SCRIPT, a port out of range)\n\n"
             "example: composerjax launch -n 2 --devices-per-process 4 train.py --epochs 3"
@@ -505,8 +513,11 @@ def _add_launch(subparsers: Any) -> None:
                              "XLA_FLAGS, JAX_PLATFORMS=cpu unless set); default: JAX's own devices")
     parser.add_argument("--port", type=int, metavar="P", help="coordinator port on 127.0.0.1 (default: a free one)")
     parser.add_argument("--grace-period", type=float, default=5.0, metavar="SECONDS",
-                        help="after a failure, seconds between SIGTERM and SIGKILL for the other processes "
-                             "(default: 5)")
+                        help="when the launcher stops the processes (a failure, a heartbeat timeout, a signal), "
+                             "seconds between SIGTERM and SIGKILL (default: 5)")
+    parser.add_argument("--heartbeat-timeout", type=float, default=1800.0, metavar="SECONDS",
+                        help="once any process has called composerjax.launch.heartbeat(), stop the job when one has "
+                             "not for SECONDS (since its start until its first beat); 0 disables (default: 1800)")
     _add_debug(parser)
     parser.add_argument("script", metavar="SCRIPT", help="the Python script every process runs")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, metavar="ARGS",
@@ -515,15 +526,15 @@ def _add_launch(subparsers: Any) -> None:
 
 
 def launch_command(args: argparse.Namespace) -> int:
-    """``composerjax launch -n N [--devices-per-process K] [--port P] SCRIPT [ARGS...]``."""
+    """``composerjax launch -n N [--devices-per-process K] [--port P] [--heartbeat-timeout S] SCRIPT [ARGS...]``."""
     from composerjax.launch import launch
 
     try:
         return launch(args.script, args.script_args, args.num_processes, devices_per_process=args.devices_per_process,
-                      port=args.port, grace_period_s=args.grace_period)
+                      port=args.port, grace_period_s=args.grace_period, heartbeat_timeout_s=args.heartbeat_timeout)
     except (ValueError, FileNotFoundError) as error:
         message = str(error)
-        for name in ("num_processes", "devices_per_process", "port", "grace_period_s"):
+        for name in ("num_processes", "devices_per_process", "port", "grace_period_s", "heartbeat_timeout_s"):
             option = "--" + name.removesuffix("_s").replace("_", "-")
             message = message.replace(f"`{name}`", option)
         raise UsageError(message) from None

@@ -69,6 +69,9 @@ _ACCEPTED_FORMS = (
     "(e.g. '10ep', '100ba', '0.5dur'), a percentage like '10%', or a wall-clock span like '2h30m'"
 )
 
+#: The largest whole count a Time holds: clocks and checkpoints keep counts as 64-bit integers.
+MAX_COUNT = 2**63 - 1
+
 T = TypeVar("T", int, float)
 
 
@@ -97,7 +100,10 @@ def _normalize_value(value: object, unit: TimeUnit) -> int | float:
                 f"{unit.name.lower()} counts are whole numbers, got {number!r} {unit.value}; "
                 "use an int, or 'dur' for a fraction of the run"
             )
-        return int(number)
+        number = int(number)
+    if unit in _INTEGER_UNITS and number > MAX_COUNT:
+        raise ValueError(f"{unit.name.lower()} counts must fit in 64 bits: at most {MAX_COUNT} (2**63 - 1), "
+                         f"got {number} {unit.value}")
     return number
 
 

@@ -6,6 +6,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import nnx
 
@@ -14,6 +15,9 @@ __all__ = ["ComposerModel", "ComposerClassifier", "MetricSums"]
 #: Metrics leave a step as ``{name: (sum, count)}``; the trainer adds them up over batches and
 #: divides at the end, so means over uneven batches stay exact.
 MetricSums = dict[str, tuple[jax.Array, jax.Array]]
+
+_maximum = np.maximum.reduce  # ndarray.max without its Python-level argument handling
+_UNSIGNED = {np.dtype(f"i{size}"): np.dtype(f"u{size}") for size in (1, 2, 4, 8)}
 
 
 class ComposerModel(nnx.Module):
@@ -53,9 +57,23 @@ class ComposerModel(nnx.Module):
         count = jnp.asarray(jax.tree.leaves(batch)[0].shape[0], jnp.float32)
         return {"loss": (self.loss(outputs, batch) * count, count)}
 
+    def check_batch(self, batch: Any) -> None:
+        """Refuse, on the host, a batch the compiled step would train on silently wrong (default: accept all).
+
+        The trainer calls it on every train and eval batch before the batch goes to the device, so it
+        runs on every step: keep it to cheap numpy checks, and never read a ``jax.Array`` (that
+        would wait for the device). Raise ``ValueError`` naming what is wrong; the trainer adds
+        which loader and batch it was.
+        """
+
 
 def cross_entropy(logits: jax.Array, targets: jax.Array) -> jax.Array:
-    """Mean cross-entropy for integer labels or one-hot / soft targets (same rank as logits)."""
+    """Mean cross-entropy for integer labels or one-hot / soft targets (same rank as logits).
+
+    Integer labels must lie in ``[0, num_classes)``: outside it optax gives NaN (too large) or
+    silently drops the sample (negative). :meth:`ComposerClassifier.check_batch` refuses such
+    labels on the host before they get here.
+    """
     logits = logits.astype(jnp.float32)
     if targets.ndim == logits.ndim:
         return jnp.mean(optax.softmax_cross_entropy(logits, targets.astype(jnp.float32)))
@@ -66,7 +84,9 @@ class ComposerClassifier(ComposerModel):
     """Wrap a module mapping inputs to logits into a classifier for ``(x, y)`` batches.
 
     ``y`` may hold integer labels or one-hot / soft targets (as MixUp or label smoothing produce).
-    The loss is cross-entropy; eval metrics are ``accuracy`` and ``cross_entropy``.
+    The loss is cross-entropy; eval metrics are ``accuracy`` and ``cross_entropy``. Integer
+    labels outside ``[0, num_classes)`` are refused by :meth:`check_batch`, which the trainer runs
+    on every numpy train and eval batch.
 
     Args:
         module: an ``nnx.Module`` called as ``module(x)`` that returns logits.
@@ -97,6 +117,48 @@ class ComposerClassifier(ComposerModel):
     def loss(self, outputs: jax.Array, batch: Any) -> jax.Array:
         """Cross-entropy of the logits against ``y`` (integer or soft targets)."""
         return cross_entropy(outputs, batch[1])
+
+    def check_batch(self, batch: Any) -> None:
+        """Refuse integer labels outside ``[0, num_classes)`` in ``batch[1]``, before the batch reaches the device.
+
+        Inside the step such labels fail silently: one at or above ``num_classes`` makes the loss
+        NaN, a negative one is dropped from the loss. Checked: a numpy integer ``batch[1]`` (one
+        ``max`` over the labels read as unsigned, so negatives count as huge; about a microsecond
+        per batch). Not checked: labels that are already ``jax.Array`` (reading them would wait for
+        the device) and float or one-hot targets.
+
+        Raises:
+            ValueError: naming ``batch[1]``, the first bad label and where it is, and the range.
+
+        Example:
+            >>> clf = ComposerClassifier(nnx.Linear(4, 3, rngs=nnx.Rngs(0)), num_classes=3)
+            >>> clf.check_batch((np.zeros((2, 4)), np.array([0, 3])))  # doctest: +ELLIPSIS
+            Traceback (most recent call last):
+            ...
+            ValueError: batch[1] (labels) holds 3 at index (1,): expected class indices from 0 to 2 (num_classes=3); ...
+        """
+        if type(batch) is not tuple and type(batch) is not list or len(batch) < 2:
+            return
+        labels = batch[1]
+        if type(labels) is not np.ndarray or not labels.size:
+            return
+        unsigned = _UNSIGNED.get(labels.dtype)
+        if unsigned is not None:  # a signed label read as unsigned: -1 becomes the largest value
+            top = _maximum(labels.view(unsigned), None)
+        elif labels.dtype.kind == "u":
+            top = _maximum(labels, None)
+        else:
+            return
+        if top < self.num_classes:
+            return
+        bad = (labels < 0) | (labels >= self.num_classes)
+        where = np.unravel_index(int(np.argmax(bad)), labels.shape)
+        first = labels[where]
+        raise ValueError(
+            f"batch[1] (labels) holds {int(first)} at index {tuple(int(i) for i in where)}: expected class indices "
+            f"from 0 to {self.num_classes - 1} (num_classes={self.num_classes}); {int(bad.sum())} of {labels.size} "
+            f"labels are out of range (min {int(labels.min())}, max {int(labels.max())}). A label >= num_classes "
+            "makes the loss NaN and a negative one is silently ignored: fix the data or num_classes")
 
     def metrics(self, outputs: jax.Array, batch: Any) -> MetricSums:
         """``accuracy`` and ``cross_entropy`` as (sum, count) pairs."""

@@ -16,11 +16,27 @@ __all__ = ["ModelFunctions", "model_functions"]
 
 
 class ModelFunctions:
-    """The four calls a step makes on a model, whatever kind of model it is.
+    """The four calls a step makes on a model, whatever kind of model it is, and a host check of its batches.
 
     ``loss`` returns ``(loss, metrics)``: metrics is a dict of arrays that joins
     ``state.step_metrics``.
     """
+
+    def check_batch(self, model: nnx.Module, batch: Any, source: str = "train_dataloader",
+                    index: int | str | None = None) -> None:
+        """Refuse, on the host, a batch the step would use silently wrong; the default checks nothing.
+
+        The trainer calls it on every train and eval batch before the batch goes to the device.
+
+        Args:
+            model: the host model (only its settings are read, never its arrays).
+            batch: the batch as the data loader gave it.
+            source: which loader it came from, for the message.
+            index: which batch it is (or a range, for batches stacked into one call).
+
+        Raises:
+            BatchError: what is wrong with the batch, prefixed with ``source`` and ``index``.
+        """
 
     def forward(self, model: nnx.Module, batch: Any) -> Any:
         raise NotImplementedError
@@ -37,6 +53,16 @@ class ModelFunctions:
 
 
 class _ComposerModelFunctions(ModelFunctions):
+    def check_batch(self, model: ComposerModel, batch: Any, source: str = "train_dataloader",
+                    index: int | str | None = None) -> None:
+        try:
+            model.check_batch(batch)
+        except ValueError as error:
+            from composerjax.trainer.interrupt import BatchError
+
+            where = source if index is None else f"{source} batch {index}"
+            raise BatchError(f"{where}: {error}") from None
+
     def forward(self, model: ComposerModel, batch: Any) -> Any:
         return model.forward(batch)
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import copy
 import inspect
 import json
+import math
 import os
 import re
 from collections.abc import Sequence
@@ -84,7 +85,7 @@ class OptimizerConfig(BaseModel):
     Other fields go to the optax function (``weight_decay``, ``b1``, ``momentum``, ``nesterov``...).
     """
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
     name: str = "adam"
     lr: float = Field(1e-3, gt=0)
 
@@ -100,7 +101,7 @@ class ScheduleConfig(BaseModel):
     ``final_lr_fraction`` is where the decay ends, as a fraction of ``lr``.
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     name: str = "constant"
     warmup: str | int = "0ba"
     final_lr_fraction: float = Field(0.0, ge=0, le=1)
@@ -128,13 +129,13 @@ class TrainerConfig(BaseModel):
     loggers: list[ComponentSpec] = Field(default_factory=list)
     eval_interval: str | int | None = None
     device_train_microbatch_size: int | str | None = None
-    device_memory_budget: int | None = None
+    device_memory_budget: int | None = Field(None, ge=1)
     precision: str = "fp32"
     seed: int = 0
     run_name: str | None = None
     run_dir: str | None = None
     progress_bar: bool = True
-    log_interval: int = 10
+    log_interval: int = Field(10, ge=1)
     run_summary: bool = True
     devices: str | int | list[int] = "auto"
     accelerator: str = "auto"
@@ -143,6 +144,7 @@ class TrainerConfig(BaseModel):
     save_interval: str | int = "1ep"
     save_num_checkpoints_to_keep: int = -1
     save_weights_only: bool = False
+    save_overwrite: bool = False
     load_path: str | None = None
     load_weights_only: bool = False
     autoresume: bool = False
@@ -163,6 +165,7 @@ class TrainerConfig(BaseModel):
             config = None
         problems += _check_components(values)
         problems += _check_times(values)
+        problems += _check_settings(values)
         if problems:
             raise ConfigError(problems, source)
         return config
@@ -205,6 +208,10 @@ def load_config(source: str | os.PathLike[str] | dict[str, Any], overrides: Sequ
     else:
         name = os.fspath(source)
         values = _read(name)
+        if not isinstance(values, dict):
+            got = "nothing (the file is empty)" if values is None else f"a {type(values).__name__}"
+            raise ConfigError([f"(top level): expected a mapping of settings (model:, data:, max_duration:, ...), "
+                               f"got {got}"], name)
     if isinstance(values, dict):
         values = _normalise(values)  # components as {name: ..., **hparams}, so override paths have one shape
     problems = []
@@ -219,19 +226,43 @@ def load_config(source: str | os.PathLike[str] | dict[str, Any], overrides: Sequ
 
 
 def _read(path: str) -> Any:
+    """The parsed contents of a recipe file; every way it can be unreadable is a ConfigError."""
     import yaml
 
-    if not os.path.isfile(path):
+    kind = "JSON" if path.endswith(".json") else "YAML"
+    if os.path.isdir(path):
+        raise ConfigError([f"(file): {path!r} is a directory; expected a YAML or JSON recipe file"])
+    if not os.path.exists(path):
         raise ConfigError([f"(file): {path!r} does not exist; expected a YAML or JSON recipe"])
-    with open(path) as handle:
-        text = handle.read()
     try:
-        if path.endswith(".json"):
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
+    except UnicodeDecodeError as error:
+        byte = error.object[error.start]
+        raise ConfigError([f"(file): {path!r} is not a text file (byte {error.start} is {byte:#04x}, not UTF-8); "
+                           "expected a YAML or JSON recipe"]) from None
+    except OSError as error:
+        raise ConfigError([f"(file): cannot read {path!r}: {error.strerror or error}"]) from None
+    try:
+        if kind == "JSON":
             return json.loads(text)
         return yaml.safe_load(text)
-    except (yaml.YAMLError, json.JSONDecodeError) as error:
-        raise ConfigError([f"(file): {path} is not valid {'JSON' if path.endswith('.json') else 'YAML'}: {error}"],
-                          path) from error
+    except json.JSONDecodeError as error:
+        raise ConfigError([f"(file): {path} is not valid JSON: {error.msg} (line {error.lineno}, column "
+                           f"{error.colno})"]) from None
+    except yaml.YAMLError as error:
+        raise ConfigError([f"(file): {path} is not valid {kind}: {_yaml_problem(error)}"]) from None
+
+
+def _yaml_problem(error: Exception) -> str:
+    """A YAML parse error on one line: what was wrong, and where."""
+    problem = getattr(error, "problem", None)
+    if not problem:
+        return " ".join(str(error).split())
+    mark = getattr(error, "problem_mark", None)
+    where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+    context = getattr(error, "context", None)
+    return f"{problem}{where}" + (f", {context}" if context else "")
 
 
 def _split_path(path: str) -> list[str | int]:
@@ -264,28 +295,40 @@ def _skip_component_names(values: Any, keys: list[str | int]) -> list[str | int]
 
 
 def _apply_override(values: dict[str, Any], override: str) -> None:
+    """Set one ``key.path=value`` in ``values``; any problem is a ValueError naming the path and value."""
     import yaml
 
-    if "=" not in override:
+    if "=" not in override or not override.split("=", 1)[0].strip():
         raise ValueError(f"--set {override!r}: expected key.path=value")
     path, raw = override.split("=", 1)
-    keys = _split_path(path.strip())
-    value = yaml.safe_load(raw) if raw.strip() else ""
+    path = path.strip()
+    keys = _split_path(path)
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as error:
+        raise ValueError(f"--set {path}={raw}: the value is not valid YAML ({_yaml_problem(error)}); quote it to pass "
+                         "a string, e.g. --set 'key=\"text\"'") from None
     keys = _skip_component_names(values, keys)
     node: Any = values
     for depth, key in enumerate(keys[:-1]):
         nxt = keys[depth + 1]
         if isinstance(node, list):
             if not isinstance(key, int) or key >= len(node):
-                raise ValueError(f"--set {path}: {'.'.join(map(str, keys[:depth]))} has {len(node)} items; "
+                raise ValueError(f"--set {path}: {_path_text(keys[:depth])} has {len(node)} items; "
                                  f"no item {key}")
             node = node[key]
         else:
+            _check_key(node, key, keys[:depth], path)
             if key not in node or node[key] is None:
                 node[key] = [] if isinstance(nxt, int) else {}
             node = node[key]
         if isinstance(node, str) and not isinstance(nxt, int):  # `- ema` written as a bare name
             raise ValueError(f"--set {path}: {key} is the bare name {node!r}; write it as {{{node}: {{}}}} first")
+        if not isinstance(node, (dict, list)):
+            here = _path_text(keys[: depth + 1])
+            kind = type(node).__name__
+            raise ValueError(f"--set {path}: {here} is {node!r} ({'an' if kind[0] in 'aeiou' else 'a'} {kind}), not a "
+                             f"mapping or a list, so it has no {nxt!r} inside; set {here} itself (--set {here}=VALUE)")
     last = keys[-1]
     if isinstance(node, list):
         if not isinstance(last, int) or last > len(node):
@@ -295,7 +338,21 @@ def _apply_override(values: dict[str, Any], override: str) -> None:
         else:
             node[last] = value
     else:
+        _check_key(node, last, keys[:-1], path)
         node[last] = value
+
+
+def _check_key(node: dict[str, Any], key: str | int, parents: Sequence[str | int], path: str) -> None:
+    """A list index ``[i]`` into a mapping is a typo for a name (``model[0]``): refuse it."""
+    if isinstance(key, int) and key not in node:
+        here = _path_text(parents)
+        raise ValueError(f"--set {path}: {here} is a mapping, so it has no item [{key}]; name the key instead "
+                         f"(e.g. {'' if not parents else here + '.'}name)")
+
+
+def _path_text(keys: Sequence[str | int]) -> str:
+    """``['algorithms', 0, 'alpha']`` -> ``'algorithms[0].alpha'``; ``(top level)`` for none."""
+    return _loc(keys) or "(top level)"
 
 
 def _normalise(values: dict[str, Any]) -> dict[str, Any]:
@@ -338,8 +395,18 @@ def _loc(loc: Sequence[Any]) -> str:
 def _pydantic_problem(error: dict[str, Any]) -> str:
     loc = _loc(error["loc"])
     value = error.get("input")
-    shown = "" if isinstance(value, dict) else f" (got {value!r})"
-    return f"{loc or '(top level)'}: {error['msg']}{shown}"
+    shown = f" (got {value!r})"
+    if isinstance(value, dict) and len(shown) > 80:  # a whole component: its fields have their own problems
+        shown = ""
+    hint = ""
+    if error.get("type") == "extra_forbidden" and len(error["loc"]) == 1:  # an unknown top-level setting
+        import difflib
+
+        known = list(TrainerConfig.model_fields)
+        close = difflib.get_close_matches(str(error["loc"][0]), known, n=3)
+        hint = (f"; did you mean {', '.join(map(repr, close))}?" if close
+                else f"; accepted: {', '.join(known)}")
+    return f"{loc or '(top level)'}: {error['msg']}{shown}{hint}"
 
 
 def _check_components(values: dict[str, Any]) -> list[str]:
@@ -392,6 +459,7 @@ def _check_times(values: dict[str, Any]) -> list[str]:
     """Every time string in the recipe parses: run lengths and intervals, the schedule, the time limit."""
     from composerjax.core.state import as_max_duration
     from composerjax.trainer.trainer import _to_time, _to_time_limit
+    from composerjax.trainer.validation import check_interval, check_run_length
 
     problems = []
     for field in ("max_duration", "eval_interval", "save_interval"):
@@ -406,6 +474,16 @@ def _check_times(values: dict[str, Any]) -> list[str]:
                 if not message.startswith(f"{field}:"):
                     message = f"{field}: {message.split(': ', 1)[-1]}"
                 problems.append(message)
+                continue
+            try:  # 'field=value: ...' messages, as the Trainer gives them
+                if field == "max_duration":
+                    # 'ep' and 'sp' runs are counted in batches once the data is known (build_trainer).
+                    check_run_length(time, batches=time.value if time.unit is TimeUnit.BATCH else None,
+                                     counts_tokens=True, given=value)
+                else:
+                    check_interval(time, field, given=value)
+            except ValueError as error:
+                problems.append(str(error))
     schedule = values.get("schedule")
     for field in ("warmup", "decay_end"):
         value = schedule.get(field) if isinstance(schedule, dict) else None
@@ -426,6 +504,39 @@ def _check_times(values: dict[str, Any]) -> list[str]:
     return problems
 
 
+def _check_settings(values: dict[str, Any]) -> list[str]:
+    """The Trainer's own checks of plain settings, run at validation so a recipe lists them all at once.
+
+    Only values of the right type are checked here: pydantic already reports the others.
+    """
+    from composerjax.parallel.strategy import resolve_parallelism
+    from composerjax.step.precision import compute_dtype
+    from composerjax.trainer.validation import check_seed
+
+    problems = []
+    seed = values.get("seed")
+    if isinstance(seed, int):  # bool included: True is not a seed
+        try:
+            check_seed(seed)
+        except ValueError as error:
+            problems.append(str(error))  # 'seed=...: expected ...'
+    keep = values.get("save_num_checkpoints_to_keep")
+    if isinstance(keep, int) and not isinstance(keep, bool) and keep < 1 and keep != -1:
+        problems.append(f"save_num_checkpoints_to_keep: expected a positive integer, or -1 to keep all (got {keep!r})")
+    micro = values.get("device_train_microbatch_size")
+    if (isinstance(micro, int) and not isinstance(micro, bool) and micro < 1) or (
+            isinstance(micro, str) and micro != "auto"):
+        problems.append(f"device_train_microbatch_size: expected a positive integer, 'auto' or null (got {micro!r})")
+    for field, check in (("precision", compute_dtype), ("parallelism", resolve_parallelism)):
+        value = values.get(field)
+        if isinstance(value, str):
+            try:
+                check(value)
+            except ValueError as error:
+                problems.append(str(error))  # 'field=...: expected ...'
+    return problems
+
+
 def _check_optimizer(optimizer: dict[str, Any]) -> list[str]:
     name = optimizer.get("name", "adam")
     if name not in OPTIMIZERS:
@@ -435,8 +546,12 @@ def _check_optimizer(optimizer: dict[str, Any]) -> list[str]:
         hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
         return [f"optimizer.name: unknown optimizer {name!r}{hint} Accepted: {', '.join(OPTIMIZERS)}"]
     accepted = set(inspect.signature(getattr(optax, name)).parameters) - {"learning_rate"}
-    return [f"optimizer.{key}: optax.{name} has no argument {key!r}; accepted: {', '.join(sorted(accepted))}"
-            for key in optimizer if key not in ("name", "lr") and key not in accepted]
+    problems = [f"optimizer.{key}: optax.{name} has no argument {key!r}; accepted: {', '.join(sorted(accepted))}"
+                for key in optimizer if key not in ("name", "lr") and key not in accepted]
+    # Extra arguments go to optax untyped: a NaN or infinite one would make every update NaN, silently.
+    problems += [f"optimizer.{key}: expected a finite number (got {value!r})" for key, value in optimizer.items()
+                 if key in accepted and isinstance(value, float) and not math.isfinite(value)]
+    return problems
 
 
 # -- building --------------------------------------------------------------------------------------
@@ -486,12 +601,34 @@ def build_optimizer(config: TrainerConfig, steps_per_epoch: int | None) -> optax
     return factory(learning_rate(config, steps_per_epoch), **config.optimizer.hparams)
 
 
-def _instantiate(kind: str, spec: ComponentSpec) -> Any:
+def _instantiate(kind: str, spec: ComponentSpec, path: str | None = None) -> Any:
+    """Build one component; a ValueError or OverflowError its factory raises is a ConfigError at ``path``.
+
+    Validation checks each hyperparameter's type; the factory's own range checks (``num_classes=1``,
+    ``batch_size=0``, a seed too large for JAX) run only here, so they are reported like any other
+    recipe problem.
+    """
     from composerjax import registry
 
     factory = registry.resolve(kind, spec.name)
     hparams = registry.hparams_model(factory).model_validate(spec.hparams)
-    made = factory(**{key: getattr(hparams, key) for key in spec.hparams})
+    label = path or {"models": "model", "data": "data"}.get(kind, kind)
+    try:
+        made = factory(**{key: getattr(hparams, key) for key in spec.hparams})
+    except (ValueError, OverflowError) as error:
+        text = str(error) if isinstance(error, ValueError) else f"{type(error).__name__}: {error}"
+        named = [key for key in spec.hparams if re.search(rf"\b{re.escape(key)}\b", str(error))]
+        if named:
+            where = f"{label}.{named[0]}"
+        elif isinstance(error, OverflowError):  # 'Python int too large': name the big numbers
+            big = [key for key, value in spec.hparams.items()
+                   if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 2**31]
+            where = f"{label}.{big[0]}" if len(big) == 1 else label
+            if len(big) == 1:
+                text = f"{spec.hparams[big[0]]!r} is too large ({text})"
+        else:
+            where = label
+        raise ConfigError([f"{where}: {text}"]) from None
     if kind in ("algorithms", "callbacks", "loggers"):
         try:  # what the recipe said, for to_config (attributes may hold derived values)
             made._config_spec = spec.to_dict()
@@ -525,18 +662,58 @@ def build_trainer(config: TrainerConfig | dict[str, Any], **overrides: Any) -> A
     arguments = config.model_dump(exclude={"model", "data", "optimizer", "schedule", "algorithms", "callbacks",
                                            "loggers"})
     arguments.update(overrides)
-    trainer = Trainer(
-        model,
-        train,
-        optimizers=build_optimizer(config, steps_per_epoch),
-        eval_dataloader=evaluation,
-        algorithms=[_instantiate("algorithms", spec) for spec in config.algorithms],
-        callbacks=[_instantiate("callbacks", spec) for spec in config.callbacks],
-        loggers=[_instantiate("loggers", spec) for spec in config.loggers],
-        **arguments,
-    )
+    _check_run_length(config, arguments, steps_per_epoch, train)
+    optimizer = build_optimizer(config, steps_per_epoch)
+    components = {field: [_instantiate(field, spec, f"{field}[{index}]") for index, spec in enumerate(specs)]
+                  for field, specs in (("algorithms", config.algorithms), ("callbacks", config.callbacks),
+                                       ("loggers", config.loggers))}
+    try:
+        trainer = Trainer(model, train, optimizers=optimizer, eval_dataloader=evaluation, **components, **arguments)
+    except (ValueError, FileNotFoundError) as error:
+        # The Trainer's argument checks say 'field=value: ...' or 'field: ...': for a recipe field that
+        # is a recipe problem (exit status 2 on the command line), not a failure.
+        if isinstance(error, ConfigError) or not _names_a_setting(str(error)):
+            raise
+        raise ConfigError([str(error)]) from None
     trainer.config = config
     return trainer
+
+
+def _names_a_setting(message: str) -> bool:
+    """Whether an error message starts with a TrainerConfig setting: ``'seed=...: '`` or ``'eval_interval: '``."""
+    match = re.match(r"([a-z_]+)\s*[=:]", message)
+    return match is not None and match.group(1) in TrainerConfig.model_fields and match.group(1) not in (
+        "model", "data")
+
+
+def _check_run_length(config: TrainerConfig, arguments: dict[str, Any], steps_per_epoch: int | None,
+                      train: Any) -> None:
+    """max_duration ends and fits the step counter, now that the data's length is known (a ConfigError if not)."""
+    from composerjax.trainer.trainer import _to_time
+    from composerjax.trainer.validation import check_run_length
+
+    duration = arguments.get("max_duration", config.max_duration)
+    try:
+        time = _to_time(duration, "max_duration")
+    except ValueError:
+        return  # reported by validation, or an override the Trainer reports
+    if time is None:
+        return
+    batches = None
+    if time.unit is TimeUnit.BATCH:
+        batches = int(time.value)
+    elif time.unit is TimeUnit.EPOCH and steps_per_epoch:
+        batches = int(time.value) * steps_per_epoch
+    elif time.unit is TimeUnit.SAMPLE and getattr(train, "global_batch_size", None):
+        batches = -(-int(time.value) // int(train.global_batch_size))
+    try:
+        check_run_length(time, batches=batches, counts_tokens=arguments.get("tokens_per_batch") is not None,
+                         given=duration)
+    except ValueError as error:
+        if time.unit is TimeUnit.TOKEN:
+            error = ValueError(f"{error}. A recipe has no tokens_per_batch setting: build the trainer in Python "
+                               "with build_trainer(config, tokens_per_batch=fn)")
+        raise ConfigError([str(error)]) from None
 
 
 def trainer_to_config(trainer: Any) -> TrainerConfig:

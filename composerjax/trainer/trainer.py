@@ -63,6 +63,7 @@ from composerjax.trainer.summary import (
     memory_of,
     parameter_summary,
 )
+from composerjax.trainer.validation import check_interval, check_run_length, check_seed
 
 __all__ = ["Trainer", "TrainingInterrupted"]
 
@@ -101,7 +102,9 @@ class Trainer:
         model: a ``ComposerModel`` (e.g. ``ComposerClassifier``), or a plain ``nnx.Module`` with
             ``loss_fn``.
         train_dataloader: an ``ArrayLoader`` or any re-iterable of numpy/jax pytrees.
-        max_duration: how long ``fit`` trains: a Time or a string such as ``'10ep'`` or ``'500ba'``.
+        max_duration: how long ``fit`` trains: a Time or a string such as ``'10ep'`` or ``'500ba'``;
+            at most 2**31 - 1 batches, and ``'tok'`` only with ``tokens_per_batch`` (else refused:
+            it would never end).
         optimizers: an optax ``GradientTransformation`` (default ``optax.adam(1e-3)``).
         loss_fn: for plain modules: ``fn(model, batch)`` or ``fn(model, batch, rng, step)``
             returning a scalar loss or ``(loss, metrics_dict)``.
@@ -109,8 +112,9 @@ class Trainer:
         callbacks: callbacks to run at events.
         loggers: logger destinations.
         eval_dataloader: data for ``eval()`` and periodic evaluation.
-        eval_interval: how often to evaluate during ``fit`` (``'1ep'`` by default when there is
-            eval data; an int means epochs).
+        eval_interval: how often to evaluate during ``fit``: a positive number of epochs or batches
+            (``'1ep'`` by default when there is eval data; an int means epochs; other units are
+            refused, as the trainer would never act on them).
         device_train_microbatch_size: split each batch into microbatches of this size and
             accumulate gradients inside the step (a ``lax.scan``). ``'auto'`` picks, before the
             first step runs, the largest divisor of the batch whose compiled step fits
@@ -126,7 +130,9 @@ class Trainer:
         device_memory_budget: bytes a train step may use, for ``'auto'`` (on GPU/TPU the default
             is 90% of the device's ``bytes_limit``; CPU has no limit to read, so it must be given).
         precision: ``'fp32'`` or ``'bf16'`` (bf16 compute, fp32 weights and optimizer state).
-        seed: seeds ``state.rng`` and the per-step ``state.step_rng``.
+        seed: seeds ``state.rng`` and the per-step ``state.step_rng``: an integer from 0 to
+            2**32 - 1 (2**63 - 1 with ``jax_enable_x64``); others are refused, since JAX would
+            overflow or repeat a smaller seed.
         run_name: the run's name (defaults to a timestamped one).
         progress_bar: show a tqdm progress bar (on terminals).
         log_interval: hand the loss and step metrics to the loggers every this many batches,
@@ -175,7 +181,8 @@ class Trainer:
             (143 for SIGTERM, 130 for SIGINT). A second signal while stopping interrupts at once.
         tokens_per_batch: ``fn(batch) -> int`` counting the tokens of a host batch (e.g.
             ``lambda batch: batch[0].size`` for token ids), so ``timestamp.token``, token
-            throughput and ``'tok'`` durations work; tokens are not counted without it.
+            throughput and ``'tok'`` durations work; tokens are not counted without it, and a
+            ``'tok'`` max_duration is refused.
         run_dir: the run folder for files callbacks and loggers write (traces, profiles, logs);
             ``runs/<run_name>`` by default. Created by whoever writes first.
         run_summary: log (``log_hyperparameters``) and print a run summary at the first FIT_START
@@ -255,8 +262,7 @@ class Trainer:
         if device_memory_budget is not None and (isinstance(device_memory_budget, bool) or not isinstance(
                 device_memory_budget, int) or device_memory_budget < 1):
             raise ValueError(f"device_memory_budget={device_memory_budget!r}: expected a positive number of bytes")
-        if not isinstance(seed, int):
-            raise ValueError(f"seed={seed!r}: expected an integer")
+        seed = check_seed(seed)  # 2**70 would overflow in jax.random.key, -1 or 2**32 would repeat another seed
         optimizer = optimizers if optimizers is not None else optax.adam(1e-3)
         if not isinstance(optimizer, optax.GradientTransformation):
             raise TypeError(f"optimizers is a {type(optimizer).__name__}; expected an optax GradientTransformation")
@@ -306,11 +312,15 @@ class Trainer:
             mesh=self.mesh,
         )
         self.state.run_dir = run_dir or os.path.join("runs", self.state.run_name)
+        # '1tok' without a token counter never ends; '1e15ba' overflows the step's int32 counter.
+        check_run_length(self.state.max_duration, batches=self.state.batches_in_duration(),
+                         counts_tokens=tokens_per_batch is not None, given=max_duration)
         self.eval_dataloader = as_batch_iterable(eval_dataloader) if eval_dataloader is not None else None
         self.eval_interval = _to_time(
             eval_interval if eval_interval is not None else ("1ep" if eval_dataloader is not None else None),
             "eval_interval",
         )
+        check_interval(self.eval_interval, "eval_interval", given=eval_interval)  # '1tok', '0ba' never evaluate
         destinations = _as_list(loggers, LoggerDestination, "loggers")
         self._given_loggers = list(destinations)
         if progress_bar:
@@ -581,6 +591,10 @@ class Trainer:
             state.max_duration = Time(now + extra.value, extra.unit)
         if state.max_duration is None:
             raise ValueError("fit(): max_duration is None; pass max_duration to Trainer or a duration to fit()")
+        # Again here: fit(duration) and a state.max_duration set since __init__ are new run lengths.
+        check_run_length(state.max_duration, batches=state.batches_in_duration(),
+                         counts_tokens=self.tokens_per_batch is not None,
+                         field="duration" if duration is not None else "max_duration", given=duration)
         self._set_total_steps()
         if not self._summarized:
             self._summarized = True
@@ -708,6 +722,9 @@ class Trainer:
 
     def _done(self) -> bool:
         duration = self.state.max_duration
+        # Once per epoch: a callback may have set state.max_duration to tokens the trainer does not count.
+        check_run_length(duration, batches=None, counts_tokens=self.tokens_per_batch is not None,
+                         field="state.max_duration")
         return getattr(self.state.timestamp, _COUNTER[duration.unit]) >= duration.value
 
     def _train_loop(self) -> None:
@@ -870,6 +887,8 @@ class Trainer:
     def _run_group(self, stacked: Any, count: int, plan: Any, sizes: list[int], tokens: list[int]) -> None:
         """One compiled call over ``count`` stacked batches; time, traces and logs as ``count`` steps."""
         state, builder, engine = self.state, self.builder, self.engine
+        first = state.timestamp.batch
+        self.functions.check_batch(state._model, stacked, "train_dataloader", f"{first}-{first + count - 1} (stacked)")
         step = builder.train_steps(plan, count)
         compiles, start = state.compile_count, time.perf_counter()
         try:
@@ -907,6 +926,8 @@ class Trainer:
             self._refresh_from_model()
         plan = builder.plan_train() if state.algorithms else ()
         batch = state.batch
+        # Host numpy check before the batch leaves (ComposerClassifier: labels in [0, num_classes)); no device read.
+        self.functions.check_batch(state._model, batch, "train_dataloader", state.timestamp.batch)
         if self._auto_microbatch:
             self._choose_microbatch(plan, batch)
         step = builder._train.get(plan) or builder.train_step(plan)
@@ -1047,7 +1068,7 @@ class Trainer:
         engine.run_event(Event.EVAL_START)
         totals = None
         train_state = state.train_state
-        for batch in _epoch_of(loader):
+        for index, batch in enumerate(_epoch_of(loader)):
             state.batch = batch
             engine.run_event(Event.EVAL_BATCH_START)
             if state.model_changed:
@@ -1055,6 +1076,7 @@ class Trainer:
                 train_state = state.train_state
             plan = builder.plan_eval()
             step = builder.eval_step(plan)
+            self.functions.check_batch(state._model, batch, "eval_dataloader", index)
             if self._multi_process:
                 batch = global_batch(batch, self._batch_sharding)
             compiles, start = state.compile_count, time.perf_counter()

@@ -293,6 +293,7 @@ def test_help_describes_launch(capsys):
         main(["launch", "--help"])
     help_text = capsys.readouterr().out
     for option in ("-n N, --num-processes N", "--devices-per-process K", "--port P", "--grace-period SECONDS",
+                   "--heartbeat-timeout SECONDS",
                    "SCRIPT", "ARGS"):
         assert option in help_text
     with pytest.raises(SystemExit):
