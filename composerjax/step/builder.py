@@ -114,8 +114,22 @@ class StepBuilder:
         """``count`` train steps in one compiled call: a ``lax.scan`` over batches stacked on a new axis 0.
 
         ``(train_state, stacked_batch) -> (train_state, losses[count], step_metrics with a leading count,
-        (last loss, last step_metrics))``;
-        each step is exactly the one :meth:`train_step` compiles (same plan, same per-step key).
+        (last loss, last step_metrics))``.
+
+        Each step traces the same function as :meth:`train_step` (same plan) and reads its step
+        number, and so its ``step_rng`` and ``progress``, from the clock in the carried state,
+        which every step advances: step ``i`` of the group sees exactly what the ``i``-th single
+        step would. The floating-point results are equal to ``count`` single steps only up to
+        rounding, not bit for bit: XLA compiles a ``while`` body differently from the same
+        computation at the top level of a program. Constants reach loops nested in the step by
+        other routes (in ``jax.random.gamma``, which ``jax.random.beta`` and so MixUp draw from,
+        the normal sampler's ``sqrt(2)`` and the Marsaglia-Tsang constant are folded into one
+        product at the top level only), and fusion and layout decisions depend on what else
+        the program holds (a BatchNorm CNN's batch statistics round differently). Unrolling the
+        steps into one program is not enough either (that CNN still differs, and compile time
+        grows with ``count``: 2 minutes for 32 steps of a MixUp MLP on CPU); only a loop whose
+        trip count XLA cannot see compiles alike for one step and for ``count``, and on GPU such
+        a loop blocks the host on every iteration (it reads the loop condition back each time).
         """
         key = (plan, count)
         step = self._multi.get(key)

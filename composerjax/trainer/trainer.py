@@ -125,8 +125,11 @@ class Trainer:
             batches) whenever nothing needs a per-batch view in between: no callback or logger
             listens to the per-batch host events, the plan is the same for all of them, and no
             epoch end, end of training, batch-interval save or eval falls inside the group.
-            Parameters equal per-step training; every batch's loss and metrics still reach the
-            loggers. Signals and ``time_limit`` are checked between calls.
+            Each grouped step sees exactly the batch, step number, ``progress`` and
+            ``step_rng`` of the matching single step; the floating-point state equals per-step
+            training up to rounding, not bit for bit (XLA compiles a scan body differently from
+            a standalone step). Every batch's loss and metrics still reach the loggers. Signals
+            and ``time_limit`` are checked between calls.
         device_memory_budget: bytes a train step may use, for ``'auto'`` (on GPU/TPU the default
             is 90% of the device's ``bytes_limit``; CPU has no limit to read, so it must be given).
         precision: ``'fp32'`` or ``'bf16'`` (bf16 compute, fp32 weights and optimizer state).
