@@ -39,7 +39,8 @@ def child(out: str, folder: str | None) -> None:
     x = rng.normal(size=(96, 8)).astype(np.float32)
     y = rng.integers(0, 3, size=96).astype(np.int32)
     rngs = nnx.Rngs(0)
-    model = ComposerClassifier(nnx.Sequential(nnx.Linear(8, 256, rngs=rngs), nnx.relu, nnx.Linear(256, 3, rngs=rngs)), 3)
+    layers = nnx.Sequential(nnx.Linear(8, 256, rngs=rngs), nnx.relu, nnx.Linear(256, 3, rngs=rngs))
+    model = ComposerClassifier(layers, 3)
     trainer = Trainer(model, ArrayLoader((x, y), batch_size=16, shuffle=True, seed=5), DURATION, optax.adam(1e-2),
                       algorithms=[MixUp(alpha=0.4), EMA(half_life="2ba")], progress_bar=False, run_summary=False,
                       save_folder=folder, save_interval="2ba", autoresume=folder is not None)
@@ -114,8 +115,8 @@ def main() -> None:
     lost = args.trials - totals.get("exact", 0)
     print("\n| trials | interruptions (SIGKILL / SIGTERM) | starts | failed starts | bit-identical | lost |")
     print("| --- | --- | --- | --- | --- | --- |")
-    print(f"| {args.trials} | {totals['interrupted']} ({totals['sigkill']} / {totals['sigterm']}) | {totals['starts']} | "
-          f"{totals['failed_starts']} | {totals['exact']} | {lost} |")
+    print(f"| {args.trials} | {totals['interrupted']} ({totals['sigkill']} / {totals['sigterm']}) | "
+          f"{totals['starts']} | {totals['failed_starts']} | {totals['exact']} | {lost} |")
 
 
 if __name__ == "__main__":
