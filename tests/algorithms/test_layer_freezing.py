@@ -148,7 +148,7 @@ def test_an_unknown_number_of_steps_raises():
     x, y = regression_data()
     with pytest.raises(ValueError, match="LayerFreezing needs to know the number of steps"):
         Trainer(FourLayers(nnx.Rngs(0)), iter([(x, y)]), "10tok", optax.sgd(0.1), loss_fn=mse,
-                algorithms=[LayerFreezing()], progress_bar=False)
+                algorithms=[LayerFreezing()], progress_bar=False, tokens_per_batch=lambda batch: batch[0].size)
 
 
 @pytest.mark.parametrize(

@@ -180,7 +180,7 @@ def test_bad_source_and_state_are_refused():
 
 def test_trainer_trains_two_epochs_from_grain():
     loader = GrainLoader(PairSource(), batch_size=16, seed=0)
-    model = ComposerClassifier(nnx.Linear(4, 2, rngs=nnx.Rngs(0)), num_classes=2)
+    model = ComposerClassifier(nnx.Linear(4, 64, rngs=nnx.Rngs(0)), num_classes=64)  # labels are 0..63
     trainer = Trainer(
         model,
         loader,
@@ -198,7 +198,7 @@ def test_trainer_trains_two_epochs_from_grain():
 
 
 def make_grain_trainer() -> Trainer:
-    model = ComposerClassifier(nnx.Linear(4, 2, rngs=nnx.Rngs(0)), num_classes=2)
+    model = ComposerClassifier(nnx.Linear(4, 64, rngs=nnx.Rngs(0)), num_classes=64)  # labels are 0..63
     loader = GrainLoader(PairSource(), batch_size=16, seed=0)
     return Trainer(model, loader, max_duration="3ep", optimizers=optax.sgd(0.01), progress_bar=False,
                    run_summary=False)
