@@ -132,6 +132,8 @@ class Checkpointer:
         # The newest checkpoint this run has verified on disk, and the one whose write is in flight.
         self.last_saved: int | None = None
         self.in_flight: int | None = None
+        # Checkpoints restore_newest_valid() skipped as corrupt: this run replaces them when it gets there.
+        self.corrupt: set[int] = set()
         self.writer_niceness = writer_niceness
         self.writer_idle = bool(writer_idle)
         if writer_switch_interval is not None and not writer_switch_interval > 0:
@@ -185,6 +187,9 @@ class Checkpointer:
         if state.train_state is None:
             raise RuntimeError("Checkpointer.save(): the device state is not built yet")
         self._finish_in_flight()
+        for old in sorted(s for s in self.steps() if s >= step and s in self.corrupt):
+            self.manager.delete(old)
+            self.corrupt.discard(old)
         existing = [s for s in self.steps() if s >= step]
         if existing:
             if not self.overwrite:
@@ -380,7 +385,9 @@ class Checkpointer:
                              report: Any = None) -> int:
         """Load the newest checkpoint that reads back intact, walking back past corrupt ones.
 
-        Each checkpoint skipped is reported (``report(message)``, ``print`` by default) with why.
+        Each checkpoint skipped is reported (``report(message)``, ``print`` by default) with why,
+        and recorded in ``corrupt``: when this checkpointer's run reaches one of those batches again,
+        its save replaces the corrupt checkpoint instead of being refused.
         A checkpoint that does not fit the run (:class:`CheckpointMismatchError`) stops the walk:
         the run, not the checkpoint, is wrong.
 
@@ -401,6 +408,7 @@ class Checkpointer:
             try:
                 return self.restore(state, step, weights_only=weights_only, field=field)
             except CheckpointCorruptError as error:
+                self.corrupt.add(step)
                 reasons.append(f"checkpoint {step}: {error}")
                 report(f"composerjax: skipped checkpoint {step} in {self.folder}: {error}")
         raise CheckpointCorruptError(f"{field}={self.folder!r}: no checkpoint loads:\n  " + "\n  ".join(reasons))

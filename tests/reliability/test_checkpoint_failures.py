@@ -209,6 +209,11 @@ def test_bytes_overwritten_in_the_data_files_are_caught_and_the_checkpoint_skipp
     assert "skipped checkpoint 6" in err and "DATA_LOSS" in err  # tensorstore's own check on its files
     for saved, loaded in zip(expected, params_of(trainer)):
         np.testing.assert_array_equal(saved, loaded)
+    trainer.fit()  # back at batch 6, the run replaces the corrupt checkpoint instead of being refused
+    trainer.close()
+    assert steps_in(three_checkpoints) == [2, 4, 6]
+    for saved, trained in zip(params_at(three_checkpoints, 6), params_of(trainer)):
+        np.testing.assert_array_equal(saved, trained)
 
 
 def test_arrays_that_read_back_but_differ_from_what_was_written_fail_the_checksum(three_checkpoints, capsys):
