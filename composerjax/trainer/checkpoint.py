@@ -379,6 +379,9 @@ class Checkpointer:
         host = {key: value for key, value in host.items() if key not in ("weights_only", "checksums")}
         host["rng"] = np.asarray(host["rng"], np.uint32)
         state.load_state_dict({**host, "train_state": restored})
+        # The run now holds exactly what checkpoint `step` holds: a save at that batch (a finished run
+        # restarted, whose fit() saves at its end again) is already done, not another run's checkpoint.
+        self.last_saved = step
         return step
 
     def restore_newest_valid(self, state: State, field: str = "save_folder", weights_only: bool = False,

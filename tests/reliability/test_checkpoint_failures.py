@@ -82,6 +82,21 @@ def test_save_overwrite_replaces_the_old_runs_checkpoints_and_autoresume_loads_t
     assert any(not np.array_equal(a, b) for a, b in zip(params_of(old), params_of(resumed)))
 
 
+def test_a_finished_run_restarted_with_autoresume_finishes_again_without_a_save_error(tmp_path):
+    # Found by benchmarks/reliability.py: killed after its last checkpoint but before it exited, a run
+    # restarts at its end; fit()'s end-of-training save at that batch is the checkpoint it loaded.
+    done = make_trainer(tmp_path, save_interval="3ba")
+    done.fit()
+    done.close()
+    again = make_trainer(tmp_path, save_interval="3ba", autoresume=True)
+    assert again.resumed_from == 6
+    again.fit()
+    again.close()
+    assert again.state.timestamp.batch == 6 and steps_in(tmp_path) == [3, 6]
+    for saved, loaded in zip(params_of(done), params_of(again)):
+        np.testing.assert_array_equal(saved, loaded)
+
+
 def test_a_save_refused_by_orbax_raises_instead_of_returning(tmp_path, monkeypatch):
     trainer = make_trainer(tmp_path, duration="2ba", save_interval="10ba")
     trainer.fit()  # fit's own final save: checkpoint 2
