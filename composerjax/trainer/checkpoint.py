@@ -187,10 +187,11 @@ class Checkpointer:
         if state.train_state is None:
             raise RuntimeError("Checkpointer.save(): the device state is not built yet")
         self._finish_in_flight()
-        for old in sorted(s for s in self.steps() if s >= step and s in self.corrupt):
+        # The manager's own list (no folder scan per save: the owner lock keeps other writers out).
+        for old in sorted(s for s in self.manager.all_steps() if s >= step and s in self.corrupt):
             self.manager.delete(old)
             self.corrupt.discard(old)
-        existing = [s for s in self.steps() if s >= step]
+        existing = sorted(s for s in self.manager.all_steps() if s >= step)
         if existing:
             if not self.overwrite:
                 raise CheckpointSaveError(
@@ -245,8 +246,9 @@ class Checkpointer:
         if step is None:
             return
         self.in_flight = None
-        # orbax logs (and swallows) some writer errors: the folder is the only proof of a save.
-        if error is None and step in self.steps():
+        # orbax logs (and swallows) some writer errors: the folder is the only proof of a save (orbax
+        # renames it into place once every item is written).
+        if error is None and os.path.isdir(os.path.join(self.folder, str(step))):
             self.last_saved = step
             return
         reason = _first_line(error) if error is not None else "it is not in the folder after the write finished"
