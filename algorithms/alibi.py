@@ -20,7 +20,7 @@ from flax import nnx
 from composerjax import Algorithm, Event, Logger, State
 from composerjax.models import CausalSelfAttention
 from composerjax.models.gpt import PositionEmbedding
-from composerjax.surgery import replace_modules
+from composerjax.models.surgery import replace_modules
 
 __all__ = [
     "ALiBi",

@@ -199,9 +199,6 @@ class AugMix(Algorithm):
 
     events = frozenset({Event.BEFORE_FORWARD})
 
-    def match(self, event: Event, state: State) -> bool:
-        return event == Event.BEFORE_FORWARD
-
     def apply(self, event: Event, state: State, logger: Logger) -> None:
         images = state.batch_get_item(self.input_key)
         key = batch_key(state.step_rng, self.name, images)

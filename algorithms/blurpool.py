@@ -20,7 +20,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from composerjax import Algorithm, Event, Logger, State
-from composerjax.surgery import replace_modules
+from composerjax.models.surgery import replace_modules
 
 __all__ = ["BlurConv", "BlurMaxPool", "BlurPool", "MaxPool", "apply_blurpool", "blur_2d", "blur_filter"]
 
@@ -194,9 +194,6 @@ class BlurPool(Algorithm):
         self.min_channels = min_channels
 
     events = frozenset({Event.INIT})
-
-    def match(self, event: Event, state: State) -> bool:
-        return event == Event.INIT
 
     def apply(self, event: Event, state: State, logger: Logger) -> None:
         replaced = apply_blurpool(state.model, self.replace_convs, self.replace_maxpools, self.blur_first,

@@ -131,10 +131,6 @@ class ColOut(Algorithm):
 
     events = frozenset({Event.BEFORE_FORWARD})
 
-    def match(self, event: Event, state: State) -> bool:
-        """Run at ``BEFORE_FORWARD``."""
-        return event == Event.BEFORE_FORWARD
-
     def apply(self, event: Event, state: State, logger: Logger) -> None:
         """Replace the images (and, per ``resize_target``, the targets) by their kept rows and columns."""
         images = state.batch_get_item(self.input_key)

@@ -150,10 +150,6 @@ class CutOut(Algorithm):
 
     events = frozenset({Event.BEFORE_FORWARD})
 
-    def match(self, event: Event, state: State) -> bool:
-        """Run at ``BEFORE_FORWARD``."""
-        return event == Event.BEFORE_FORWARD
-
     def apply(self, event: Event, state: State, logger: Logger) -> None:
         """Zero the holes in the batch's images."""
         images = state.batch_get_item(self.input_key)

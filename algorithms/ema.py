@@ -138,9 +138,7 @@ class EMA(Algorithm):
     # -- device state ----------------------------------------------------------------------------
     def init_state(self, state: State) -> dict[str, Any]:
         """A copy of the initial weights (the structure of ``state.params``) and a not-started flag."""
-        changed = state.model_changed
         params = nnx.to_pure_dict(nnx.split(state.model, nnx.Param, ...)[1])
-        state.model_changed = changed  # reading the model here changes nothing the trainer must re-split
         return {"params": jax.tree.map(jnp.array, params), "started": jnp.asarray(False)}
 
     def ema_params(self, state: State) -> Any:
@@ -168,10 +166,33 @@ class EMA(Algorithm):
         if event == Event.EPOCH_END:
             return self.update_interval.unit == TimeUnit.EPOCH and self._updates_at(state.timestamp, state)
         if event == Event.EVAL_START:
-            return self._started and self._training_params is None
-        if event in (Event.EVAL_END, Event.BATCH_START):
+            return self._training_params is None and self._updated_by(state.timestamp, state)
+        if event == Event.EVAL_END:  # the clock has not moved since EVAL_START: the same answer
+            return self._updated_by(state.timestamp, state)
+        if event == Event.BATCH_START:
             return self._training_params is not None
         return False
+
+    def _updated_by(self, timestamp: Timestamp, state: State) -> bool:
+        """Whether the average has been updated at least once by ``timestamp``.
+
+        A function of the clock alone (not of what ``apply`` did), so ``composerjax explain``
+        predicts the evaluation swap exactly: the newest update time at or before ``timestamp`` is
+        the last multiple of ``update_interval``, and it was an update if ``ema_start`` had been
+        reached then.
+        """
+        interval = self.update_interval
+        every = int(interval.value)
+        count = timestamp.get(interval.unit).value
+        last = count - count % every
+        if last < 1:
+            return False
+        per_epoch = state.dataloader_len
+        if interval.unit == TimeUnit.BATCH:  # right after batch `last`, before its epoch closed
+            at = Timestamp(epoch=(last - 1) // per_epoch if per_epoch else timestamp.epoch, batch=last)
+        else:
+            at = Timestamp(epoch=last, batch=last * per_epoch if per_epoch else timestamp.batch)
+        return reached(self.ema_start, at, state)
 
     def apply(self, event: Event, state: State, logger: Logger) -> None:
         """Update the average, or swap the averaged weights in and out around evaluation."""
@@ -186,7 +207,7 @@ class EMA(Algorithm):
         elif event == Event.EVAL_START:
             self._training_params = state.params
             state.params = self.ema_params(state)
-        else:  # EVAL_END, or BATCH_START after an evaluation that did not finish
+        elif self._training_params is not None:  # EVAL_END, or BATCH_START after an evaluation that did not finish
             state.params = self._training_params
             self._training_params = None
 

@@ -20,7 +20,7 @@ import numpy as np
 from flax import nnx
 
 from composerjax import Algorithm, Event, Logger, State
-from composerjax.surgery import replace_modules
+from composerjax.models.surgery import replace_modules
 
 __all__ = [
     "Factorize",
@@ -280,9 +280,6 @@ class Factorize(Algorithm):
         self.latent_features = latent_features
 
     events = frozenset({Event.INIT})
-
-    def match(self, event: Event, state: State) -> bool:
-        return event == Event.INIT
 
     def apply(self, event: Event, state: State, logger: Logger) -> None:
         counts = _factorize(state.model, self.factorize_convs, self.factorize_linears, self.min_channels,

@@ -18,7 +18,7 @@ from flax import nnx
 
 from composerjax import Algorithm, Event, Logger, State
 from composerjax.models import FeedForward
-from composerjax.surgery import replace_modules
+from composerjax.models.surgery import replace_modules
 
 __all__ = ["GatedLinearUnits", "GLUFeedForward", "apply_gated_linear_units", "glu_from_feed_forward"]
 
@@ -141,9 +141,6 @@ class GatedLinearUnits(Algorithm):
         self.non_gated_layer_bias = non_gated_layer_bias
 
     events = frozenset({Event.INIT})
-
-    def match(self, event: Event, state: State) -> bool:
-        return event == Event.INIT
 
     def apply(self, event: Event, state: State, logger: Logger) -> None:
         # A fixed fold of the run's key: the gates depend on the seed, and state.rng stays as it was.

@@ -18,7 +18,7 @@ import numpy as np
 from flax import nnx
 
 from composerjax import Algorithm, Event, Logger, State
-from composerjax.surgery import replace_modules
+from composerjax.models.surgery import replace_modules
 
 __all__ = ["GhostBatchNorm", "GhostBatchNormLayer", "apply_ghost_batchnorm", "ghost_batch_norm"]
 
@@ -158,9 +158,6 @@ class GhostBatchNorm(Algorithm):
         self.ghost_batch_size = ghost_batch_size
 
     events = frozenset({Event.INIT})
-
-    def match(self, event: Event, state: State) -> bool:
-        return event == Event.INIT
 
     def apply(self, event: Event, state: State, logger: Logger) -> None:
         replaced = apply_ghost_batchnorm(state.model, self.ghost_batch_size)

@@ -107,10 +107,6 @@ class GradientClipping(Algorithm):
 
     events = frozenset({Event.INIT})
 
-    def match(self, event: Event, state: State) -> bool:
-        """Run once, at ``INIT``."""
-        return event == Event.INIT
-
     def apply(self, event: Event, state: State, logger: Logger) -> None:
         """Chain the clipping transform in front of ``state.optimizer``."""
         clip = clipping_transform(self.clipping_type, self.clipping_threshold)

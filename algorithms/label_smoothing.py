@@ -79,10 +79,6 @@ class LabelSmoothing(Algorithm):
 
     events = frozenset({Event.BEFORE_LOSS, Event.AFTER_LOSS})
 
-    def match(self, event: Event, state: State) -> bool:
-        """Run at ``BEFORE_LOSS`` (smooth) and ``AFTER_LOSS`` (restore)."""
-        return event in (Event.BEFORE_LOSS, Event.AFTER_LOSS)
-
     def apply(self, event: Event, state: State, logger: Logger) -> None:
         """Replace the targets by smoothed ones before the loss; put the originals back after it."""
         if event == Event.BEFORE_LOSS:

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from composerjax import Algorithm, Event, Logger, State
-from composerjax.surgery import replace_modules
+from composerjax.models.surgery import replace_modules
 
 __all__ = [
     "LPLayerNorm",
@@ -147,9 +147,6 @@ class LowPrecisionLayerNorm(Algorithm):
         self.precision = precision
 
     events = frozenset({Event.INIT})
-
-    def match(self, event: Event, state: State) -> bool:
-        return event == Event.INIT
 
     def apply(self, event: Event, state: State, logger: Logger) -> None:
         replaced = apply_low_precision_layernorm(state.model, self.precision)

@@ -87,8 +87,5 @@ class NoOpModel(Algorithm):
 
     events = frozenset({Event.INIT})
 
-    def match(self, event: Event, state: State) -> bool:
-        return event == Event.INIT
-
     def apply(self, event: Event, state: State, logger: Logger) -> None:
         state.model = noop_model_for(state.model)

@@ -234,9 +234,6 @@ class ProgressiveResizing(Algorithm):
 
     events = frozenset({Event.AFTER_DATALOADER})
 
-    def match(self, event: Event, state: State) -> bool:
-        return event == Event.AFTER_DATALOADER
-
     def apply(self, event: Event, state: State, logger: Logger) -> None:
         x = state.batch_get_item(self.input_key)
         y = state.batch_get_item(self.target_key) if self.resize_targets else None

@@ -7,6 +7,7 @@ from typing import Any
 import jax
 
 from composerjax import State, Time, Timestamp, TimeUnit
+from composerjax.core.time import parse_time
 
 __all__ = ["parse_schedule_time", "after_this_batch", "reached", "planned_progress"]
 
@@ -22,12 +23,7 @@ def parse_schedule_time(value: Any, field: str, units: tuple[TimeUnit, ...]) -> 
         Time(0.5, TimeUnit.DURATION)
     """
     accepted = ", ".join(f"'{unit.value}'" for unit in units)
-    try:
-        time = Time.from_input(value)
-    except (TypeError, ValueError) as error:
-        raise ValueError(f"{field}={value!r}: expected a time string in {accepted} (e.g. '100ba'): {error}") from None
-    if time.unit not in units:
-        raise ValueError(f"{field}={value!r}: expected a time in {accepted}, got '{time.unit.value}'")
+    time = parse_time(value, field, units, hint=f"expected a time string in {accepted} (e.g. '100ba')")
     if time.value < 0 or (time.unit == TimeUnit.DURATION and time.value > 1):
         raise ValueError(f"{field}={value!r}: expected a non-negative time (at most 1 in 'dur')")
     return time

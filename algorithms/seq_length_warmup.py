@@ -160,9 +160,6 @@ class SeqLengthWarmup(Algorithm):
 
     events = frozenset({Event.AFTER_DATALOADER})
 
-    def match(self, event: Event, state: State) -> bool:
-        return event == Event.AFTER_DATALOADER
-
     def apply(self, event: Event, state: State, logger: Logger) -> None:
         self._full_length = _sequence_length(state.batch)
         seq_len = self.length_at(state.progress)

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from composerjax import Algorithm, Event, Logger, State
-from composerjax.surgery import replace_modules
+from composerjax.models.surgery import replace_modules
 
 __all__ = ["SqueezeExcite", "SqueezeExcite2d", "SqueezeExciteConv", "apply_squeeze_excite", "latent_width"]
 
@@ -128,9 +128,6 @@ class SqueezeExcite(Algorithm):
         self.seed = seed
 
     events = frozenset({Event.INIT})
-
-    def match(self, event: Event, state: State) -> bool:
-        return event == Event.INIT
 
     def apply(self, event: Event, state: State, logger: Logger) -> None:
         # fold_in leaves state.rng as it is, so adding this algorithm changes no other random stream.

@@ -29,7 +29,7 @@ from flax import nnx
 
 from composerjax import Algorithm, Event, Logger, State, Time, TimeUnit
 from composerjax.models import BasicBlock, DecoderBlock
-from composerjax.surgery import replace_modules
+from composerjax.models.surgery import replace_modules
 
 __all__ = [
     "RESIDUAL_POLICIES",

@@ -123,9 +123,7 @@ class SWA(Algorithm):
     # -- device state ----------------------------------------------------------------------------
     def init_state(self, state: State) -> dict[str, Any]:
         """An empty running mean: zeros of the parameters' structure and a count of 0."""
-        changed = state.model_changed
         params = nnx.to_pure_dict(nnx.split(state.model, nnx.Param, ...)[1])
-        state.model_changed = changed  # reading the model here changes nothing the trainer must re-split
         return {"params": jax.tree.map(jnp.zeros_like, params), "count": jnp.zeros((), jnp.int32)}
 
     # -- events ----------------------------------------------------------------------------------

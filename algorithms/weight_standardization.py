@@ -19,7 +19,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from composerjax import Algorithm, Event, Logger, State
-from composerjax.surgery import replace_modules
+from composerjax.models.surgery import replace_modules
 
 __all__ = [
     "StandardizedConvolution",
@@ -113,9 +113,6 @@ class WeightStandardization(Algorithm):
         self.n_last_layers_ignore = n_last_layers_ignore
 
     events = frozenset({Event.INIT})
-
-    def match(self, event: Event, state: State) -> bool:
-        return event == Event.INIT
 
     def apply(self, event: Event, state: State, logger: Logger) -> None:
         standardized = apply_weight_standardization(state.model, self.n_last_layers_ignore)

@@ -1,6 +1,6 @@
 """Where the engine's host time goes: cProfile over Trainer.fit for one overhead.py case.
 
-Prints the share of fit()'s wall time spent in the compiled call (``_train_batch``'s own time,
+Prints the share of fit()'s wall time spent in the compiled call (``StepRunner.train_batch``'s own time,
 which is where the step is dispatched and, when the device queue is full, waited for) against the
 Python around it, then the functions with the most own time. This is the profile that found the
 per-batch ``match`` calls and the per-fit() clock update (docs/performance.md).
@@ -38,7 +38,7 @@ def main() -> None:
     stats = pstats.Stats(profile)
     own = {f"{path.rsplit('/', 1)[-1]}:{line}({name})": row[2] for (path, line, name), row in stats.stats.items()}
     total = sum(own.values())
-    dispatch = sum(t for key, t in own.items() if key.endswith("(_train_batch)")) + \
+    dispatch = sum(t for key, t in own.items() if key.endswith("(train_batch)")) + \
         sum(t for key, t in own.items() if key.endswith("(block_until_ready)"))
     label = "+".join(case.recipe) if args.recipe else "no algorithms"
     print(f"jax {jax.__version__}; {case.name}, {label}, {args.batches} batches under cProfile "

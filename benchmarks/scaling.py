@@ -57,7 +57,7 @@ def make_trainer(parallelism: str, devices: int | str, batches: int) -> Trainer:
 
 def per_device_param_bytes(trainer: Trainer) -> int:
     device = trainer.mesh.devices.flat[0]
-    return sum(shard.data.nbytes for leaf in jax.tree.leaves(trainer.state.train_state["params"])
+    return sum(shard.data.nbytes for leaf in jax.tree.leaves(trainer.state.train_state.params)
                for shard in leaf.addressable_shards if shard.device == device)
 
 

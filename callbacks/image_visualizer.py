@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 
 from composerjax import Callback, Logger, State, Time, TimeUnit
+from composerjax.core.time import parse_time
 
 __all__ = ["ImageVisualizer"]
 
@@ -106,11 +107,5 @@ def _mask_images(masks: Any) -> np.ndarray:
 
 def _batch_or_epoch_interval(interval: int | str | Time) -> Time:
     """``interval`` as a positive Time in batches or epochs; an int means batches."""
-    try:
-        time = Time.from_input(interval, TimeUnit.BATCH)
-    except (TypeError, ValueError) as error:
-        raise ValueError(f"interval={interval!r}: {error}") from None
-    if time.unit not in (TimeUnit.BATCH, TimeUnit.EPOCH) or time.value < 1:
-        raise ValueError(f"interval={interval!r}: expected a positive number of batches or epochs, such as "
-                         "'100ba', '1ep' or 100")
-    return time
+    return parse_time(interval, "interval", (TimeUnit.BATCH, TimeUnit.EPOCH), TimeUnit.BATCH, minimum=1,
+                      expected="a positive number of batches or epochs, such as '100ba', '1ep' or 100")

@@ -106,7 +106,7 @@ class LRMonitor(Callback):
         self._paths: dict[str, tuple[Any, ...]] | None = None  # searched once: the state's structure is fixed
 
     def batch_end(self, state: State, logger: Logger) -> None:
-        opt_state = state.train_state["opt_state"]
+        opt_state = state.train_state.opt_state
         if self._paths is None:
             self._paths = learning_rate_paths(opt_state)
             if not self._paths:

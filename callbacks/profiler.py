@@ -7,6 +7,7 @@ import os
 import jax
 
 from composerjax import Callback, Logger, State
+from composerjax.parallel.dist import is_process_zero
 
 __all__ = ["Profiler"]
 
@@ -65,7 +66,7 @@ class Profiler(Callback):
         self._seen = 0
 
     def batch_start(self, state: State, logger: Logger) -> None:
-        if self._seen == self.skip_first and not self._tracing and jax.process_index() == 0:
+        if self._seen == self.skip_first and not self._tracing and is_process_zero():
             trace_dir = self.trace_dir or os.path.join(state.run_dir, "profiler")
             os.makedirs(trace_dir, exist_ok=True)
             try:

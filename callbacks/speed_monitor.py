@@ -99,6 +99,10 @@ class SpeedMonitor(Callback):
                           callbacks=[SpeedMonitor(window_size=50)], loggers=[TensorboardLogger()])
     """
 
+    #: After a grouped call (``steps_per_call``) each batch's BATCH_END runs with its own clock; the
+    #: window's wall time is the group's, so rates over a window of at least one group are exact.
+    accepts_grouped_batches = True
+
     def __init__(self, window_size: int = 100, gpu_flops_available: float | None = None) -> None:
         if isinstance(window_size, bool) or not isinstance(window_size, int) or window_size < 1:
             raise ValueError(f"SpeedMonitor(window_size={window_size!r}): expected a positive integer (batches)")

@@ -9,6 +9,7 @@ from typing import Any
 import jax
 
 from composerjax import Callback, Logger, State, Time, TimeUnit
+from composerjax.core.time import parse_time
 
 __all__ = ["SystemMetricsMonitor", "SystemSampler"]
 
@@ -187,14 +188,8 @@ class SystemMetricsMonitor(Callback):
     """
 
     def __init__(self, interval: int | str | Time = "10ba") -> None:
-        try:
-            parsed = Time.from_input(interval, TimeUnit.BATCH)
-        except (TypeError, ValueError) as error:
-            raise ValueError(f"interval={interval!r}: {error}") from None
-        if parsed.unit not in (TimeUnit.BATCH, TimeUnit.EPOCH) or parsed.value < 1:
-            raise ValueError(f"interval={interval!r}: expected a positive number of batches or epochs, such as "
-                             "'10ba', '1ep' or 10")
-        self.interval = parsed
+        self.interval = parse_time(interval, "interval", (TimeUnit.BATCH, TimeUnit.EPOCH), TimeUnit.BATCH, minimum=1,
+                                   expected="a positive number of batches or epochs, such as '10ba', '1ep' or 10")
         self.sampler: SystemSampler | None = None
 
     def fit_start(self, state: State, logger: Logger) -> None:

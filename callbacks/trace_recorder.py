@@ -10,6 +10,7 @@ from typing import Any
 import jax
 
 from composerjax import Engine, Event, Logger, LoggerDestination, State, Trace
+from composerjax.parallel.dist import is_process_zero
 
 __all__ = ["TraceRecorder", "TRACES_FILE", "TIMELINE_FILE"]
 
@@ -230,7 +231,7 @@ class TraceRecorder(LoggerDestination):
         return round((seconds - (self._origin or 0.0)) * 1e6, 3)
 
     def _write(self, state: State) -> None:
-        if jax.process_index() != 0:
+        if not is_process_zero():
             return
         folder = self.path or state.run_dir
         os.makedirs(folder, exist_ok=True)

@@ -106,11 +106,14 @@ def _add_debug(parser: argparse.ArgumentParser) -> None:
 def _add_recipe_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("recipe", metavar="RECIPE",
                         help="a YAML or JSON recipe (a TrainerConfig: model, data, optimizer, schedule, "
-                             "max_duration, algorithms, callbacks, loggers, ...); see examples/*.yaml")
+                             "algorithms, callbacks, loggers and every Trainer argument, e.g. max_duration); see "
+                             "examples/*.yaml")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE",
                         help="change one recipe value before validation, parsed as YAML; repeatable. Dots for "
                              "mappings, [i] for list items: --set max_duration=2ep --set optimizer.lr=0.01 "
-                             "--set algorithms[0].mixup.alpha=0.4")
+                             "--set algorithms[0].mixup.alpha=0.4. Every Trainer argument is a key: "
+                             "--set steps_per_call=8 --set handle_signals=false "
+                             "--set tokens_per_batch=package.module:function")
     _add_debug(parser)
 
 
@@ -490,7 +493,8 @@ def _add_launch(subparsers: Any) -> None:
             "no distributed code. Output lines are prefixed with [rank i]. When a process fails, the others are "
             "stopped (SIGTERM, then SIGKILL) and the launcher exits with that process's status, naming its rank "
             "and printing its last lines (a rank that only lost a peer is not blamed). Once any process has called "
-            "composerjax.launch.heartbeat() (the Trainer does, every batch), one that has not for --heartbeat-timeout "
+            "composerjax.parallel.heartbeat.heartbeat() (the Trainer does, every batch), one that has not for "
+            "--heartbeat-timeout "
             "seconds stops the job the same way. SIGINT/SIGTERM sent to the launcher are passed on to every process, "
             "and what still runs after --grace-period is killed (a second signal kills at once)."
         ),
@@ -516,7 +520,8 @@ def _add_launch(subparsers: Any) -> None:
                         help="when the launcher stops the processes (a failure, a heartbeat timeout, a signal), "
                              "seconds between SIGTERM and SIGKILL (default: 5)")
     parser.add_argument("--heartbeat-timeout", type=float, default=1800.0, metavar="SECONDS",
-                        help="once any process has called composerjax.launch.heartbeat(), stop the job when one has "
+                        help="once any process has called composerjax.parallel.heartbeat.heartbeat(), stop the job "
+                             "when one has "
                              "not for SECONDS (since its start until its first beat); 0 disables (default: 1800)")
     _add_debug(parser)
     parser.add_argument("script", metavar="SCRIPT", help="the Python script every process runs")
@@ -527,7 +532,7 @@ def _add_launch(subparsers: Any) -> None:
 
 def launch_command(args: argparse.Namespace) -> int:
     """``composerjax launch -n N [--devices-per-process K] [--port P] [--heartbeat-timeout S] SCRIPT [ARGS...]``."""
-    from composerjax.launch import launch
+    from composerjax.parallel.launch import launch
 
     try:
         return launch(args.script, args.script_args, args.num_processes, devices_per_process=args.devices_per_process,

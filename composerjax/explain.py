@@ -1,8 +1,13 @@
 """``composerjax explain``: what a recipe will run where, without training.
 
-The recipe's Trainer is built (INIT runs, so surgery happens and its traces are real), then the
-schedule is walked on the host: at every batch of ``max_duration`` each algorithm's ``match`` is
-asked, exactly as the trainer asks it, and the engine's passes order the matches. The result names,
+The recipe's Trainer is built (INIT runs, so surgery happens and its traces are real; no loggers,
+callbacks or checkpoints, so no file is written), or a constructed Trainer is taken as it is.
+Then the schedule is walked with the same lifecycle walker ``fit`` uses
+(:func:`~composerjax.core.lifecycle.walk_fit`), with a driver that only asks: at every event of
+every batch of ``max_duration`` (and of every evaluation the Trainer's ``EvalRunner`` would run)
+each algorithm's ``match`` is asked, exactly as the trainer asks it, and the engine's passes order
+the matches. Nothing is applied: ``match`` is a function of the state and clock, so the walk
+predicts what a real run of the same recipe records in ``engine.trace_log``. The result names,
 per event, the algorithms in the order they will run, whether the event is traced (inside the
 compiled step) or a host event, which passes moved them, the conflicts (more than one loss
 interpolation at one event; an algorithm whose module types the model lacks), and how many
@@ -11,8 +16,7 @@ distinct train-step plans the schedule compiles.
 Example::
 
     from composerjax.explain import explain
-    from composerjax.trainer.config import load_config
-    print(explain(load_config("examples/digits_speedup.yaml")).render())
+    print(explain("examples/digits_speedup.yaml").render())   # a recipe, or a constructed Trainer
 """
 
 from __future__ import annotations
@@ -20,9 +24,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from composerjax.core.event import TRACED_EVENTS, TRAIN_STEP_EVENTS, Event
+from composerjax.core.event import EVAL_STEP_EVENTS, TRACED_EVENTS, TRAIN_STEP_EVENTS, Event
+from composerjax.core.lifecycle import EVAL_BATCH, EVAL_CLOSE, EVAL_OPEN, STEP, walk_fit
 from composerjax.core.state import instance_names
-from composerjax.core.time import Timestamp
+from composerjax.core.time import TimeUnit
 
 __all__ = ["EventPlan", "Explanation", "explain"]
 
@@ -80,54 +85,55 @@ class Explanation:
         return "\n".join(lines)
 
 
-def explain(config: Any) -> Explanation:
-    """Explain a ``TrainerConfig`` (or a dict / recipe path) without training.
+def explain(target: Any) -> Explanation:
+    """Explain a recipe (``TrainerConfig``, dict or path) or a constructed ``Trainer``, without training.
 
-    Nothing is saved or loaded: checkpoint settings are left out of the Trainer built here.
+    Side-effect free: no host ``apply`` beyond INIT's surgery (a recipe's Trainer is built for the
+    walk, without loggers, callbacks or checkpoint settings), no run folder, no logger output; a
+    given Trainer's state and clock are as they were afterwards.
+
+    Example::
+
+        print(explain(trainer).render())
     """
+    from composerjax.trainer.trainer import Trainer
+
+    if isinstance(target, Trainer):
+        # Surgery at INIT has already changed the model: check only the algorithms that did not run there.
+        surgeons = {t.name for t in target.engine.trace_log if t.event is Event.INIT}
+        others = [a for a in target.state.algorithms if type(a).__name__ not in surgeons]
+        return _walk(target, _missing_modules(others, target.state._model))
     from composerjax.trainer.config import TrainerConfig, _instantiate, build_trainer, load_config
 
-    if not isinstance(config, TrainerConfig):
-        config = load_config(config)
-    conflicts = _missing_modules(config, _instantiate("models", config.model))
+    config = target if isinstance(target, TrainerConfig) else load_config(target)
+    conflicts = _missing_modules(_algorithm_classes(config), _instantiate("models", config.model))
     trainer = build_trainer(config, progress_bar=False, run_summary=False, save_folder=None, load_path=None,
-                            autoresume=False, time_limit=None)
+                            autoresume=False, time_limit=None, loggers=[], callbacks=[], handle_signals=False)
     try:
         return _walk(trainer, conflicts)
     finally:
         trainer.close()
 
 
-def _missing_modules(config: Any, model: Any) -> list[str]:
+def _algorithm_classes(config: Any) -> list[Any]:
     from composerjax import registry
-    from composerjax.surgery import count_modules
+
+    return [registry.resolve("algorithms", spec.name) for spec in config.algorithms]
+
+
+def _missing_modules(algorithms: list[Any], model: Any) -> list[str]:
+    from composerjax.models.surgery import count_modules
 
     found = []
-    for spec in config.algorithms:
-        factory = registry.resolve("algorithms", spec.name)
-        required = getattr(factory, "required_modules", ())
+    for algorithm in algorithms:
+        required = getattr(algorithm, "required_modules", ())
         if required and count_modules(model, *required) == 0:
             kinds = " or ".join(("nnx." if cls.__module__.startswith("flax.nnx") else "") + cls.__qualname__
                                 for cls in required)
-            found.append(f"{getattr(factory, '__name__', spec.name)} acts on {kinds} modules, and the model "
-                         f"({type(model).__name__}) has none: it will change nothing")
+            name = algorithm.__name__ if isinstance(algorithm, type) else type(algorithm).__name__
+            found.append(f"{name} acts on {kinds} modules, and the model ({type(model).__name__}) has none: it will "
+                         "change nothing")
     return found
-
-
-def _batches(trainer: Any) -> tuple[list[int], int | None, int | None]:
-    """The batch indices walked (sampled evenly past the limit), the total, and batches per epoch."""
-    state = trainer.state
-    per_epoch = state.dataloader_len
-    total = state.batches_in_duration() if hasattr(state, "batches_in_duration") else None
-    if total is None:
-        return list(range(min(per_epoch or 100, _MAX_WALKED_BATCHES))), None, per_epoch
-    if total <= _MAX_WALKED_BATCHES:
-        return list(range(total)), total, per_epoch
-    stride = total / _MAX_WALKED_BATCHES
-    batches = {int(i * stride) for i in range(_MAX_WALKED_BATCHES)}
-    if per_epoch:
-        batches |= {epoch * per_epoch for epoch in range(total // per_epoch)}
-    return sorted(batches), total, per_epoch
 
 
 def _order_with_moves(engine: Any, event: Event, matched: list[Any]) -> tuple[list[Any], list[dict[str, Any]]]:
@@ -148,89 +154,143 @@ def _names(algorithms: list[Any]) -> dict[int, str]:
     """Trace-style names by identity: ``MixUp``, a second instance ``MixUp#1``."""
     return {id(a): name for a, name in zip(algorithms, instance_names(algorithms))}
 
-def _walk(trainer: Any, conflicts: list[str]) -> Explanation:
-    """Replay the schedule's host side: match (and for host events apply) at the times the trainer would."""
+
+class _Prediction:
+    """A :class:`~composerjax.core.lifecycle.FitDriver` that asks ``match`` and records, running nothing.
+
+    It moves the clock as ``fit`` would (a batch at the step, an epoch at its close) and, where
+    the Trainer's ``EvalRunner`` would evaluate, walks the evaluation's events too. Schedules
+    longer than ``_MAX_WALKED_BATCHES`` are walked with a stride (every epoch start included).
+    """
+
+    def __init__(self, trainer: Any) -> None:
+        from composerjax.trainer.eval_runner import EvalRunner
+
+        self.state, self.engine = trainer.state, trainer.engine
+        state = self.state
+        self.per_epoch = state.dataloader_len
+        self.total = state.batches_in_duration()
+        self.walk_total = self.total if self.total is not None else min(self.per_epoch or 100, _MAX_WALKED_BATCHES)
+        self.stride = max(1, -(-self.walk_total // _MAX_WALKED_BATCHES))
+        loader = state.dataloader
+        self.batch_size = getattr(loader, "global_batch_size", None) or getattr(loader, "batch_size", 0) or 0
+        self.evaluators = [c for c in state.callbacks if isinstance(c, EvalRunner)]
+        self.matched_at: dict[Event, dict[int, Any]] = {event: {} for event in Event}
+        self.batches_matched: dict[Event, int] = {event: 0 for event in Event}
+        self.plans: list[tuple[int, tuple[str, ...]]] = []
+        self.walked = 0
+        self.names = _names(list(state.algorithms))
+
+    def _ask(self, event: Event) -> list[Any]:
+        hits = [a for a in self.engine.candidates(event) if a.match(event, self.state)]
+        for algorithm in hits:
+            self.matched_at[event].setdefault(id(algorithm), algorithm)
+        return hits
+
+    def event(self, event: Event) -> None:
+        self._ask(event)
+        timestamp = self.state.timestamp
+        unit, counter = ((TimeUnit.BATCH, timestamp.batch) if event is Event.BATCH_END else
+                         (TimeUnit.EPOCH, timestamp.epoch) if event is Event.EPOCH_END else (None, 0))
+        if unit is not None and any(runner.due(counter, unit) for runner in self.evaluators):
+            self._evaluation()
+
+    def _evaluation(self) -> None:
+        for event in EVAL_OPEN:
+            self._ask(event)
+        for point in EVAL_BATCH:  # one batch: every eval batch asks the same
+            for event in EVAL_STEP_EVENTS if point is STEP else (point,):
+                self._ask(event)
+        for event in EVAL_CLOSE:
+            self._ask(event)
+
+    def done(self) -> bool:
+        return self.state.timestamp.batch >= self.walk_total
+
+    def at_epoch_start(self) -> bool:
+        return self.state.timestamp.batch_in_epoch == 0
+
+    def start_epoch(self) -> None:
+        pass
+
+    def group(self) -> int:
+        if self.stride == 1:
+            return 0
+        left_in_epoch = (self.per_epoch - self.state.timestamp.batch_in_epoch) if self.per_epoch else self.stride
+        return min(self.stride, left_in_epoch, self.walk_total - self.state.timestamp.batch)
+
+    def train_group(self, count: int) -> bool:
+        self.train_step()
+        state = self.state
+        state.timestamp = state.timestamp.to_next_batches(count - 1, self.batch_size * (count - 1), 0, 0.0)
+        return True
+
+    def next_batch(self) -> bool:
+        return True
+
+    def train_step(self) -> None:
+        state, names = self.state, self.names
+        plan = []
+        for event in TRAIN_STEP_EVENTS:
+            hits = self._ask(event)
+            if hits:
+                self.batches_matched[event] += 1
+                plan.append(f"{event.name}: " + ", ".join(names[id(a)] for a in _ordered(self.engine, event, hits)))
+        key = tuple(plan)
+        if not self.plans or self.plans[-1][1] != key:
+            self.plans.append((state.timestamp.batch, key))
+        self.walked += 1
+        state.timestamp = state.timestamp.to_next_batch(self.batch_size, 0, 0.0)
+
+    def epoch_complete(self) -> bool:
+        return self.per_epoch is not None and self.state.timestamp.batch_in_epoch == self.per_epoch
+
+    def stop(self) -> bool:
+        return self.done()
+
+    def end_epoch(self) -> None:
+        self.state.timestamp = self.state.timestamp.to_next_epoch()
+
+    def end_fit(self) -> None:
+        pass
+
+
+def _ordered(engine: Any, event: Event, hits: list[Any]) -> tuple[Any, ...]:
     import warnings
 
-    from composerjax.core.event import EVAL_STEP_EVENTS
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return engine._order(event, tuple(hits))
+
+
+def _walk(trainer: Any, conflicts: list[str]) -> Explanation:
+    """Walk the fit lifecycle with a driver that only asks ``match``; turn what matched into an Explanation."""
+    import warnings
 
     state, engine = trainer.state, trainer.engine
     algorithms = list(state.algorithms)
     names = _names(algorithms)
-    batches, total, per_epoch = _batches(trainer)
-    saved_timestamp = state.timestamp
-    matched_at: dict[Event, dict[int, Any]] = {event: {} for event in Event}
-    batches_matched: dict[Event, int] = {event: 0 for event in Event}
-    plans: list[tuple[int, tuple[str, ...]]] = []
     init_traces = [t for t in engine.trace_log if t.event == Event.INIT and t.run]
-
-    def ordered(event: Event, hits: list[Any]) -> tuple[Any, ...]:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            return engine._order(event, tuple(hits))
-
-    def host(event: Event) -> None:
-        hits = [a for a in engine.candidates(event) if a.match(event, state)]
-        for algorithm in hits:
-            matched_at[event].setdefault(id(algorithm), algorithm)
-        for algorithm in ordered(event, hits) if hits else ():
-            try:  # stateful algorithms (SWA's window, schedules) move on as they would in training
-                algorithm.apply(event, state, trainer.logger)
-            except Exception:  # noqa: BLE001 - a walk without data cannot run everything; matching still counts
-                pass
-
+    prediction = _Prediction(trainer)
+    saved = state.timestamp
     try:
-        previous = None
-        for index, batch in enumerate(batches):
-            epoch, in_epoch = divmod(batch, per_epoch) if per_epoch else (0, batch)
-            state.timestamp = Timestamp(epoch=epoch, batch=batch, batch_in_epoch=in_epoch)
-            if index == 0:
-                host(Event.FIT_START)
-            if in_epoch == 0:
-                host(Event.EPOCH_START)
-            for event in (Event.BEFORE_DATALOADER, Event.AFTER_DATALOADER, Event.BATCH_START):
-                host(event)
-            plan = []
-            for event in TRAIN_STEP_EVENTS:
-                hits = [a for a in engine.candidates(event) if a.match(event, state)]
-                if hits:
-                    batches_matched[event] += 1
-                    for algorithm in hits:
-                        matched_at[event].setdefault(id(algorithm), algorithm)
-                    plan.append(f"{event.name}: " + ", ".join(names[id(a)] for a in ordered(event, hits)))
-            key = tuple(plan)
-            if key != previous:
-                plans.append((batch, key))
-                previous = key
-            state.timestamp = Timestamp(epoch=epoch, batch=batch + 1, batch_in_epoch=in_epoch + 1)
-            host(Event.BATCH_END)
-            host(Event.BATCH_CHECKPOINT)
-            if per_epoch and in_epoch + 1 == per_epoch:
-                state.timestamp = Timestamp(epoch=epoch + 1, batch=batch + 1, batch_in_epoch=0)
-                host(Event.EPOCH_END)
-                host(Event.EPOCH_CHECKPOINT)
-        host(Event.FIT_END)
-        for event in (Event.EVAL_BEFORE_ALL, Event.EVAL_START, Event.EVAL_BATCH_START, *EVAL_STEP_EVENTS,
-                      Event.EVAL_BATCH_END, Event.EVAL_END, Event.EVAL_AFTER_ALL):
-            hits = [a for a in engine.candidates(event) if a.match(event, state)]
-            for algorithm in hits:
-                matched_at[event].setdefault(id(algorithm), algorithm)
+        walk_fit(prediction)
     finally:
-        state.timestamp = saved_timestamp
+        state.timestamp = saved
     events = []
     interpolations: dict[tuple[str, ...], list[str]] = {}
     if init_traces:
         events.append(EventPlan(Event.INIT.name, False, [t.name for t in init_traces], [], None))
     for event in Event:
-        if event == Event.INIT or not matched_at[event]:
+        if event == Event.INIT or not prediction.matched_at[event]:
             continue
-        matched = [a for a in algorithms if id(a) in matched_at[event]]
+        matched = [a for a in algorithms if id(a) in prediction.matched_at[event]]
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             final, moves = _order_with_moves(engine, event, matched)
         traced = event in TRACED_EVENTS
         events.append(EventPlan(event.name, traced, [names[id(a)] for a in final], moves,
-                                batches_matched[event] if event in TRAIN_STEP_EVENTS else None))
+                                prediction.batches_matched[event] if event in TRAIN_STEP_EVENTS else None))
         interpolating = tuple(names[id(a)] for a in final if getattr(a, "interpolates_loss", False))
         if len(interpolating) > 1:
             interpolations.setdefault(interpolating, []).append(event.name)
@@ -240,9 +300,9 @@ def _walk(trainer: Any, conflicts: list[str]) -> Explanation:
     return Explanation(
         events=events,
         conflicts=conflicts,
-        train_plans=len({key for _, key in plans}),
-        plan_changes=[{"batch": batch, "algorithms": list(key)} for batch, key in plans],
-        walked_batches=len(batches),
-        total_batches=total,
+        train_plans=len({key for _, key in prediction.plans}),
+        plan_changes=[{"batch": batch, "algorithms": list(key)} for batch, key in prediction.plans],
+        walked_batches=prediction.walked,
+        total_batches=prediction.total,
         passes=[getattr(p, "__name__", repr(p)) for p in engine.algorithm_passes],
     )

@@ -10,7 +10,7 @@ from flax import nnx
 
 from composerjax import Algorithm, ArrayLoader, ComposerClassifier, Event, Trainer
 from composerjax.models import BasicBlock, SmallResNet
-from composerjax.surgery import count_modules, replace_modules
+from composerjax.models.surgery import count_modules, replace_modules
 
 
 class Doubled(nnx.Module):
@@ -63,7 +63,7 @@ def test_surgery_at_init_is_trained_and_its_parameters_are_placed():
     trainer = Trainer(ComposerClassifier(SmallResNet(num_classes=2, width=4, rngs=nnx.Rngs(0)), 2),
                       ArrayLoader((x, y), 16), "2ba", optax.sgd(0.1), algorithms=[DoubleHeadAtInit()],
                       progress_bar=False)
-    assert "inner" in trainer.state.train_state["params"]["module"]["head"]
+    assert "inner" in trainer.state.train_state.params["module"]["head"]
     trainer.fit()
     assert isinstance(trainer.state.model.module.head, Doubled)
     assert trainer.compile_count == 1

@@ -14,6 +14,7 @@ from composerjax.core.passes import (
 from composerjax.core.state import State
 from composerjax.core.time import Time, Timestamp, TimeUnit
 from composerjax.core.trace import Trace
+from composerjax.core.train_state import TrainState
 
 __all__ = [
     "Algorithm",
@@ -24,6 +25,7 @@ __all__ = [
     "Event",
     "Plan",
     "State",
+    "TrainState",
     "Time",
     "TimeUnit",
     "Timestamp",

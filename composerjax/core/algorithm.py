@@ -10,8 +10,8 @@ import jax
 from composerjax.core.event import Event
 
 if TYPE_CHECKING:
+    from composerjax.core.logger import Logger
     from composerjax.core.state import State
-    from composerjax.loggers.logger import Logger
 
 __all__ = ["Algorithm"]
 
@@ -39,19 +39,19 @@ class Algorithm:
     the default: any event). The engine then never asks ``match`` about the others, which keeps the
     per-batch host cost to a few calls however many events a batch has. A declaration that leaves
     out an event ``match`` accepts is a bug the engine reports when ``COMPOSERJAX_CHECK_EVENTS=1``.
+    The default ``match`` returns ``event in self.events``: an algorithm that runs at every event
+    it declares needs no ``match`` of its own; override it to add conditions (a schedule, a flag).
 
     Example:
         >>> import jax.numpy as jnp
         >>> class ScaleLoss(Algorithm):
+        ...     events = frozenset({Event.AFTER_LOSS})
         ...     def __init__(self, factor: float) -> None:
         ...         self.factor = factor
-        ...     events = frozenset({Event.AFTER_LOSS})
-        ...     def match(self, event, state):
-        ...         return event == Event.AFTER_LOSS
         ...     def apply(self, event, state, logger):
         ...         state.loss = state.loss * self.factor
-        >>> ScaleLoss(2.0).name
-        'ScaleLoss'
+        >>> ScaleLoss(2.0).name, ScaleLoss(2.0).match(Event.AFTER_LOSS, None)
+        ('ScaleLoss', True)
     """
 
     run_first: bool = False
@@ -76,8 +76,24 @@ class Algorithm:
         return jax.random.fold_in(step_rng, zlib.crc32(self.name.encode()))
 
     def match(self, event: Event, state: State) -> bool:
-        """Return whether ``apply`` should run at ``event``. Runs on the host."""
-        raise NotImplementedError(f"{type(self).__name__} must implement match(event, state)")
+        """Return whether ``apply`` should run at ``event``. Runs on the host.
+
+        The default: ``event in self.events``. An algorithm that declares no ``events`` must
+        override it (it is then asked at every event).
+
+        Raises:
+            NotImplementedError: ``events`` is None and the subclass does not override ``match``.
+
+        Example:
+            >>> class AtInit(Algorithm):
+            ...     events = frozenset({Event.INIT})
+            >>> AtInit().match(Event.INIT, None), AtInit().match(Event.FIT_END, None)
+            (True, False)
+        """
+        if self.events is None:
+            raise NotImplementedError(f"{type(self).__name__} must implement match(event, state), or declare "
+                                      "`events` to run at each of them")
+        return event in self.events
 
     def apply(self, event: Event, state: State, logger: Logger) -> int | None:
         """Change ``state`` in place; return an optional exit code recorded in the trace."""

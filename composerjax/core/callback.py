@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from composerjax.core.event import Event
 
 if TYPE_CHECKING:
+    from composerjax.core.logger import Logger
     from composerjax.core.state import State
-    from composerjax.loggers.logger import Logger
+    from composerjax.core.time import Timestamp
 
 __all__ = ["Callback"]
 
@@ -34,6 +35,33 @@ class Callback:
         >>> CountBatches().batches
         0
     """
+
+    #: True when the per-batch handlers (``batch_start``, ``batch_end``, ``batch_checkpoint``, ...)
+    #: may run after a grouped compiled call (``steps_per_call``), once per batch of the group with
+    #: that batch's timestamp, instead of between two batches. A listener that leaves it False
+    #: switches grouping off (``Trainer.grouping_blocked_by`` names it).
+    accepts_grouped_batches: ClassVar[bool] = False
+
+    #: True to have the engine record a :class:`~composerjax.core.trace.Trace` (with its duration)
+    #: each time one of this callback's handlers returns True, i.e. did its job (a save, an eval).
+    trace_actions: ClassVar[bool] = False
+
+    def next_due(self, timestamp: Timestamp) -> int | None:
+        """The batch count at which this callback next acts, if it acts on a batch schedule; else None.
+
+        A grouped compiled call (``steps_per_call``) never runs past it, so the callback's
+        ``batch_end`` / ``batch_checkpoint`` sees the state right after that batch.
+
+        Example:
+            >>> from composerjax.core.time import Timestamp
+            >>> Callback().next_due(Timestamp()) is None
+            True
+        """
+        del timestamp
+        return None
+
+    def fit_error(self, state: State, logger: Logger, error: BaseException) -> None:
+        """Called when ``fit`` fails with ``error`` (not an event: no trace), before it propagates."""
 
     def run_event(self, event: Event, state: State, logger: Logger) -> None:
         """Dispatch ``event`` to the method of the same name; override to see every event."""

@@ -64,7 +64,6 @@ class Engine:
             else:
                 self.register_pass(algorithm_pass)
         self.trace_log: deque[Trace] = deque(maxlen=trace_log_size)
-        self.markers: dict[Event, float] = {}
         self._closed = False
         self._listeners: dict[Event, tuple[Callable[[State, Any], None], ...]] = {}
         self._rebuild_listeners()
@@ -124,12 +123,6 @@ class Engine:
             for listener in listeners:
                 listener(state, logger)
         return traces
-
-    def run_marker_only_event(self, event: Event | str) -> None:
-        """Mark that ``event`` happened (its host time goes to ``markers``) without running anything."""
-        if self._closed:
-            raise RuntimeError(f"Engine.run_marker_only_event({event!r}) after close(): the engine is closed")
-        self.markers[Event(event)] = time.perf_counter()
 
     def _run_algorithms(self, event: Event, state: State) -> OrderedDict[str, Trace]:
         traces: OrderedDict[str, Trace] = OrderedDict()
@@ -235,7 +228,7 @@ class Engine:
         self._callbacks_len = len(self._callbacks_seen)
         self._destinations = getattr(self.logger, "destinations", ())
         self._destinations_len = len(self._destinations)
-        self._listeners = _listener_table(self._all_callbacks())
+        self._listeners = _listener_table(self._all_callbacks(), self.trace_log, self.logger)
         self._active: dict[Any, tuple[bool, ...]] = {}
 
     def _all_callbacks(self) -> list[Callback]:
@@ -322,7 +315,8 @@ def _keyed(algorithms: Sequence[Algorithm], event: Event) -> list[tuple[str, Alg
     return keyed
 
 
-def _listener_table(callbacks: Sequence[Callback]) -> dict[Event, tuple[Callable[[State, Any], None], ...]]:
+def _listener_table(callbacks: Sequence[Callback], trace_log: Any = None,
+                    logger: Any = None) -> dict[Event, tuple[Callable[[State, Any], None], ...]]:
     table: dict[Event, list[Callable[[State, Any], None]]] = {}
     for callback in callbacks:
         overrides_run_event = type(callback).run_event is not Callback.run_event
@@ -331,8 +325,28 @@ def _listener_table(callbacks: Sequence[Callback]) -> dict[Event, tuple[Callable
                 listener = _bind_run_event(callback, event)
             else:
                 listener = getattr(callback, event.value)
+            if getattr(callback, "trace_actions", False) and trace_log is not None:
+                listener = _traced_listener(callback, event, listener, trace_log, logger)
             table.setdefault(event, []).append(listener)
     return {event: tuple(listeners) for event, listeners in table.items()}
+
+
+def _traced_listener(callback: Callback, event: Event, listener: Callable[[State, Any], Any], trace_log: Any,
+                     logger: Any) -> Callable[[State, Any], None]:
+    """Record a Trace, with its duration, each time ``listener`` returns True (the callback acted)."""
+    name = type(callback).__name__
+    key = f"{name}/{event.name}"
+
+    def traced(state: State, logger_: Any) -> None:
+        start = time.perf_counter()
+        if listener(state, logger_):
+            trace = Trace(name, event, None, 0, True, False, state.timestamp.batch, time.perf_counter() - start)
+            trace_log.append(trace)
+            log_traces = getattr(logger, "log_traces", None)
+            if log_traces is not None:
+                log_traces(OrderedDict([(key, trace)]))
+
+    return traced
 
 
 def _bind_run_event(callback: Callback, event: Event) -> Callable[[State, Any], None]:

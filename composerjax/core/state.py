@@ -12,6 +12,7 @@ import numpy as np
 from composerjax.core.algorithm import Algorithm
 from composerjax.core.callback import Callback
 from composerjax.core.time import Time, Timestamp, TimeUnit
+from composerjax.core.train_state import TrainState
 
 if TYPE_CHECKING:
     from flax import nnx
@@ -74,7 +75,7 @@ class State:
     ) -> None:
         self._model = model
         self._model_stale = False
-        self.model_changed = False
+        self._model_changed = False
         self.optimizer = optimizer
         self.max_duration = max_duration
         self.rng = rng if rng is not None else jax.random.key(0)
@@ -97,11 +98,11 @@ class State:
         self._algorithm_state: dict[str, Any] = {}
         self.step_metrics: dict[str, Any] = {}
         self.metrics: dict[str, Any] = {}
-        self.train_state: dict[str, Any] | None = None
+        self.train_state: TrainState | None = None
         self.compile_count = 0
         # Set by Trainer(skip_nonfinite_updates=True) or NaNMonitor(policy='skip') before the step compiles.
         self.skip_nonfinite_updates = False
-        #: One record (``composerjax.trainer.summary.CompiledStep``) per compiled step variant.
+        #: One record (``composerjax.step.summary.CompiledStep``) per compiled step variant.
         self.compiled_steps: list[Any] = []
         #: The run summary logged at the first FIT_START (parameters, FLOPs per step, ...).
         self.run_summary: dict[str, Any] = {}
@@ -110,17 +111,53 @@ class State:
     # -- the model, kept in sync with the device state lazily ------------------------------------
     @property
     def model(self) -> nnx.Module:
-        """The NNX module; reading it on the host first merges the latest trained values into it."""
+        """The NNX module; reading it on the host first merges the latest trained values into it.
+
+        Reading changes nothing the next step uses. To change the model on a host event, edit it
+        and call :meth:`update_model` (or assign ``state.model = new_module``).
+        """
         if self._model_stale and self._sync_model is not None:
             self._sync_model()
-        self.model_changed = True
         return self._model
 
     @model.setter
     def model(self, value: nnx.Module) -> None:
-        self._model = value
-        self._model_stale = False
-        self.model_changed = True
+        self.update_model(value)
+
+    def update_model(self, model: nnx.Module | None = None) -> None:
+        """Make the next step (or eval) start from ``state.model`` as the host code left it.
+
+        The one way host code writes the model: after editing the module's variables in place (or
+        with ``model``, a replacement module), the trainer re-splits it into the device state before
+        the next compiled call, re-planning the step if its graph changed. Reading ``state.model``
+        never does this.
+
+        Example:
+            >>> import optax
+            >>> from flax import nnx
+            >>> state = State(model=nnx.Linear(2, 1, rngs=nnx.Rngs(0)), optimizer=optax.sgd(0.1))
+            >>> state.model.bias[...] = state.model.bias[...] + 1.0
+            >>> state.model_changed
+            False
+            >>> state.update_model()
+            >>> state.model_changed
+            True
+        """
+        if model is not None:
+            self._model = model
+            self._model_stale = False
+        elif self._model_stale and self._sync_model is not None:
+            self._sync_model()  # the edits were made to a module that holds the newest values
+        self._model_changed = True
+
+    @property
+    def model_changed(self) -> bool:
+        """Whether host code wrote the model (:meth:`update_model`) since the device state was built."""
+        return self._model_changed
+
+    def _model_taken(self) -> None:
+        """The trainer took the host model into the device state (called by the trainer only)."""
+        self._model_changed = False
 
     # -- device values, read and replaced from host events ---------------------------------------
     @property
@@ -132,30 +169,30 @@ class State:
         """
         if self.train_state is None:
             raise RuntimeError("state.params: the device state is not built yet (it is built after INIT)")
-        return self.train_state["params"]
+        return self.train_state.params
 
     @params.setter
     def params(self, value: Any) -> None:
         if self.train_state is None:
             raise RuntimeError("state.params: the device state is not built yet (it is built after INIT)")
-        current = self.train_state["params"]
+        current = self.train_state.params
         if jax.tree.structure(value) != jax.tree.structure(current):
             raise ValueError("state.params: the new parameters do not have the structure of the current ones")
-        self.train_state = {**self.train_state, "params": _place_like(value, current, copy=True)}
+        self.train_state = self.train_state._replace(params=_place_like(value, current, copy=True))
         self._model_stale = True
 
     @property
     def algorithm_state(self) -> dict[str, Any]:
         """Each algorithm's device state by name (``Algorithm.init_state``); latest values between steps."""
         if self.train_state is not None:
-            return self.train_state["algorithm_state"]
+            return self.train_state.algorithm_state
         return self._algorithm_state
 
     @algorithm_state.setter
     def algorithm_state(self, value: dict[str, Any]) -> None:
         if self.train_state is not None:
-            placed = _place_like(value, self.train_state["algorithm_state"], copy=True)
-            self.train_state = {**self.train_state, "algorithm_state": placed}
+            placed = _place_like(value, self.train_state.algorithm_state, copy=True)
+            self.train_state = self.train_state._replace(algorithm_state=placed)
         else:
             self._algorithm_state = value
 
@@ -274,20 +311,23 @@ class State:
         if hasattr(self.dataloader, "state_dict"):
             dataloader_state = self.dataloader.state_dict()
         return {
-            "train_state": self.train_state,
+            "train_state": self.train_state._asdict(),
             "rng": jax.random.key_data(self.rng),
             "timestamp": self.timestamp.state_dict(),
             "dataloader": dataloader_state,
             "algorithms": [a.state_dict() for a in self.algorithms],
-            "callbacks": [c.state_dict() for c in self.callbacks],
-            "callback_names": instance_names(self.callbacks),
+            "callbacks": [c.state_dict() for c in self._checkpointed_callbacks()],
+            "callback_names": instance_names(self._checkpointed_callbacks()),
             "run_name": self.run_name,
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore what ``state_dict`` returned (device arrays keep their current shardings)."""
-        self._check_structure(state_dict["train_state"])
-        self.train_state = _place_like(state_dict["train_state"], self.train_state)
+        train_state = state_dict["train_state"]
+        if not isinstance(train_state, TrainState):
+            train_state = TrainState.from_dict(dict(train_state))
+        self._check_structure(train_state)
+        self.train_state = _place_like(train_state, self.train_state)
         self._model_stale = True
         self.rng = jax.random.wrap_key_data(np.asarray(state_dict["rng"]))
         self.timestamp = Timestamp.from_state_dict(state_dict["timestamp"])
@@ -302,16 +342,21 @@ class State:
         # Callbacks may come and go between runs (a profiler added on restart): match them by class.
         saved = state_dict.get("callbacks", [])
         names = state_dict.get("callback_names")
+        callbacks = self._checkpointed_callbacks()
         if names is None:
-            if len(saved) != len(self.callbacks):
+            if len(saved) != len(callbacks):
                 raise ValueError(f"load_state_dict: callbacks has {len(saved)} saved entries but the run has "
-                                 f"{len(self.callbacks)}")
-            names = instance_names(self.callbacks)
+                                 f"{len(callbacks)}")
+            names = instance_names(callbacks)
         by_name = dict(zip(names, saved))
-        for name, callback in zip(instance_names(self.callbacks), self.callbacks):
+        for name, callback in zip(instance_names(callbacks), callbacks):
             if name in by_name:
                 callback.load_state_dict(by_name[name])
         self.run_name = state_dict.get("run_name", self.run_name)
+
+    def _checkpointed_callbacks(self) -> list[Callback]:
+        """The callbacks whose state checkpoints carry (the trainer's built-ins keep none)."""
+        return [c for c in self.callbacks if getattr(c, "in_checkpoints", True)]
 
     def _check_structure(self, train_state: Any) -> None:
         if self.train_state is None:

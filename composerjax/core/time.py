@@ -19,10 +19,11 @@ import dataclasses
 import math
 import numbers
 import re
+from collections.abc import Sequence
 from enum import Enum
 from typing import Any, Generic, TypeVar
 
-__all__ = ["TimeUnit", "Time", "Timestamp"]
+__all__ = ["TimeUnit", "Time", "Timestamp", "parse_time"]
 
 
 class TimeUnit(str, Enum):
@@ -346,6 +347,58 @@ class Time(Generic[T]):
             return self._value / self._other_value(other, "divide")
         other_value = self._other_value(other, "divide")
         return other_value if other_value is NotImplemented else self._scaled(self._value / other_value)
+
+
+def parse_time(
+    value: Time | str | int | float,
+    field: str,
+    units: Sequence[TimeUnit] | None = None,
+    default_unit: TimeUnit | str | None = None,
+    *,
+    minimum: float | None = None,
+    expected: str | None = None,
+    hint: str | None = None,
+) -> Time:
+    """Read a time argument named ``field``: a Time, a time string, or a number in ``default_unit``.
+
+    Every time argument of composerjax's plugins and checkpointer goes through here, and every
+    time string through :meth:`Time.from_timestring` (``'10ep'``, ``'500ba'``, ``'10%'``,
+    ``'2h30m'``, ``'45m'``...), so they all accept the same forms with the same errors.
+
+    Args:
+        value: what the user passed.
+        field: the argument's name, for error messages (``'interval'``, ``'swa_start'``).
+        units: the accepted units; None accepts any.
+        default_unit: the unit of a bare number; None refuses bare numbers.
+        minimum: the smallest accepted amount (in the time's own unit), if any.
+        expected: what an accepted value looks like, for the error when the unit or amount is
+            wrong (default: ``"a time in 'ba', 'ep', got 'sp'"``).
+        hint: put before the parser's own reason when ``value`` does not parse.
+
+    Raises:
+        ValueError: ``{field}={value!r}: [hint: ]<why it does not parse>``, or
+            ``{field}={value!r}: expected <expected>`` for a unit or amount outside what is accepted.
+
+    Example:
+        >>> parse_time("2h30m", "time_limit", (TimeUnit.SECOND,))
+        Time(9000, TimeUnit.SECOND)
+        >>> parse_time(10, "interval", (TimeUnit.BATCH, TimeUnit.EPOCH), TimeUnit.BATCH)
+        Time(10, TimeUnit.BATCH)
+        >>> parse_time("10sp", "interval", (TimeUnit.BATCH, TimeUnit.EPOCH))
+        Traceback (most recent call last):
+        ...
+        ValueError: interval='10sp': expected a time in 'ba', 'ep', got 'sp'
+    """
+    try:
+        time = Time.from_input(value, default_unit)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"{field}={value!r}: " + (f"{hint}: " if hint else "") + str(error)) from None
+    if (units is not None and time.unit not in units) or (minimum is not None and time.value < minimum):
+        if expected is None:
+            accepted = ", ".join(f"'{unit.value}'" for unit in units or TimeUnit)
+            expected = f"a time in {accepted}, got '{time.unit.value}'"
+        raise ValueError(f"{field}={value!r}: expected {expected}")
+    return time
 
 
 @dataclasses.dataclass(frozen=True)

@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-import jax
 import numpy as np
 from jax.tree_util import keystr, tree_flatten_with_path, tree_unflatten
+
+from composerjax.data.process_sharding import resolve_process
 
 __all__ = ["ArrayLoader", "as_batch_iterable"]
 
@@ -78,7 +79,7 @@ class ArrayLoader:
         self._seed = _check_int("seed", seed, 0)
         self._shuffle = bool(shuffle)
         self._drop_last = bool(drop_last if drop_remainder is None else drop_remainder)
-        self._process_index, self._process_count = self._resolve_process(process_index, process_count)
+        self._process_index, self._process_count = resolve_process(process_index, process_count)
         self._leaves, self._treedef = self._flatten(arrays)
         self._num_samples = int(self._leaves[0].shape[0])
 
@@ -95,23 +96,6 @@ class ArrayLoader:
         self._bounds = self._batch_bounds()
         self._epoch = 0
         self._batch_in_epoch = 0
-
-    @staticmethod
-    def _resolve_process(process_index: int | None, process_count: int | None) -> tuple[int, int]:
-        if process_index is None and process_count is None:
-            # Asked lazily (not at import) so that jax.distributed can be initialised first.
-            return jax.process_index(), jax.process_count()
-        if process_index is None or process_count is None:
-            raise ValueError(
-                "pass both `process_index` and `process_count`, or neither to use "
-                f"jax.process_index()/jax.process_count(); got process_index={process_index!r}, "
-                f"process_count={process_count!r}"
-            )
-        count = _check_int("process_count", process_count, 1)
-        index = _check_int("process_index", process_index, 0)
-        if index >= count:
-            raise ValueError(f"`process_index` must be in [0, process_count={count}), got {process_index!r}")
-        return index, count
 
     @staticmethod
     def _flatten(arrays: Any) -> tuple[list[np.ndarray], Any]:
@@ -255,18 +239,6 @@ class ArrayLoader:
             taken = [leaf[indices] for leaf in self._leaves]
         self._batch_in_epoch = first + count
         return tree_unflatten(self._treedef, taken)
-
-    def batch_spec(self) -> Any:
-        """Shapes and dtypes of a full batch (``jax.ShapeDtypeStruct`` pytree), without reading data.
-
-        Example:
-            >>> ArrayLoader(np.zeros((10, 3), np.float32), batch_size=4).batch_spec()
-            ShapeDtypeStruct(shape=(4, 3), dtype=float32)
-        """
-        size = self._bounds[0][1] - self._bounds[0][0] if self._bounds else self._batch_size
-        return tree_unflatten(
-            self._treedef, [jax.ShapeDtypeStruct((size, *leaf.shape[1:]), leaf.dtype) for leaf in self._leaves]
-        )
 
     def set_epoch(self, epoch: int) -> None:
         """Start the next ``iter()`` at the first batch of ``epoch``.

@@ -19,7 +19,7 @@ from typing import Any
 import jax
 import numpy as np
 
-__all__ = ["ProcessShardedLoader", "shard_by_process", "slice_for_process"]
+__all__ = ["ProcessShardedLoader", "resolve_process", "shard_by_process", "slice_for_process"]
 
 
 def slice_for_process(
@@ -105,7 +105,7 @@ class ProcessShardedLoader:
                             f"got a {type(loader).__name__}")
         self.loader = loader
         self.drop_remainder = bool(drop_remainder)
-        self.process_index, self.process_count = _resolve_process(process_index, process_count)
+        self.process_index, self.process_count = resolve_process(process_index, process_count)
 
     def __iter__(self) -> Iterator[Any]:
         for batch_index, batch in enumerate(self.loader):
@@ -148,7 +148,21 @@ def shard_by_process(
     return ProcessShardedLoader(iterable, drop_remainder, process_index, process_count)
 
 
-def _resolve_process(process_index: int | None, process_count: int | None) -> tuple[int, int]:
+def resolve_process(process_index: int | None, process_count: int | None) -> tuple[int, int]:
+    """``(process_index, process_count)`` as given, checked, or JAX's own when both are None.
+
+    The one place the data loaders (:class:`~composerjax.data.ArrayLoader`,
+    :class:`ProcessShardedLoader`) read which share of a global batch is theirs. JAX is asked when
+    the loader is built, not at import, so that ``jax.distributed`` can be initialised first.
+
+    Raises:
+        ValueError: only one of the two is given, one is not an integer in range (``process_count``
+            >= 1, ``0 <= process_index < process_count``).
+
+    Example:
+        >>> resolve_process(1, 4), resolve_process(None, None)
+        ((1, 4), (0, 1))
+    """
     if process_index is None and process_count is None:
         return jax.process_index(), jax.process_count()
     if process_index is None or process_count is None:
@@ -157,7 +171,8 @@ def _resolve_process(process_index: int | None, process_count: int | None) -> tu
                          f"process_count={process_count!r}")
     for name, value, minimum in (("process_count", process_count, 1), ("process_index", process_index, 0)):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-            raise ValueError(f"`{name}` must be an integer >= {minimum}, got {value!r}")
+            kind = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+            raise ValueError(f"`{name}` must be {kind}, got {value!r}")
     if process_index >= process_count:
         raise ValueError(f"`process_index` must be in [0, process_count={process_count}), got {process_index!r}")
     return int(process_index), int(process_count)

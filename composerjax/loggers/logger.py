@@ -10,22 +10,13 @@ import numpy as np
 
 from composerjax.core.callback import Callback
 from composerjax.loggers.images import image_batch
+from composerjax.parallel.dist import is_process_zero  # re-exported: destinations write only on process 0
 
 if TYPE_CHECKING:
     from composerjax.core.state import State
     from composerjax.core.trace import Trace
 
 __all__ = ["Logger", "LoggerDestination", "is_process_zero"]
-
-
-def is_process_zero() -> bool:
-    """Return whether this process writes logs: only process 0 of a multi-process run does.
-
-    Example:
-        >>> is_process_zero()
-        True
-    """
-    return jax.process_index() == 0
 
 
 class LoggerDestination(Callback):

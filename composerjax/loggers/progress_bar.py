@@ -39,6 +39,9 @@ class ProgressBarLogger(LoggerDestination):
         False
     """
 
+    #: The bars advance per batch after a grouped call as well (``steps_per_call``).
+    accepts_grouped_batches = True
+
     def __init__(self, stream: TextIO | None = None, disable: bool | None = None, force: bool = False) -> None:
         if stream is not None and not hasattr(stream, "write"):
             raise TypeError(f"ProgressBarLogger(stream={stream!r}): expected a text stream with write(), or None")

@@ -8,7 +8,7 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh
 
-__all__ = ["MESH_AXES", "build_mesh", "data_axis_size"]
+__all__ = ["MESH_AXES", "build_mesh"]
 
 MESH_AXES = ("data", "fsdp", "tensor")
 
@@ -28,8 +28,3 @@ def build_mesh(devices: Sequence[jax.Device] | None = None, fsdp: int = 1, tenso
         raise ValueError(f"fsdp={fsdp} x tensor={tensor} does not divide the {count} devices")
     shape = (count // (fsdp * tensor), fsdp, tensor)
     return Mesh(np.asarray(devices).reshape(shape), MESH_AXES, axis_types=(AxisType.Auto,) * 3)
-
-
-def data_axis_size(mesh: Mesh) -> int:
-    """How many ways a batch is split: the product of the 'data' and 'fsdp' axes."""
-    return mesh.shape["data"] * mesh.shape["fsdp"]

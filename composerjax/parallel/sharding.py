@@ -58,7 +58,7 @@ def train_state_shardings(mesh: Mesh, train_state: Any, strategy: str | Parallel
     mesh_shape = dict(mesh.shape)
     metadata = metadata or {}
     param_specs: dict[str, tuple[tuple[int, ...], P]] = {}
-    for path, leaf in jax.tree_util.tree_flatten_with_path(train_state["params"])[0]:
+    for path, leaf in jax.tree_util.tree_flatten_with_path(train_state.params)[0]:
         name = path_of(path)
         shape = tuple(leaf.shape)
         param_specs[name] = (shape, config.spec_for(name, shape, mesh_shape, metadata.get(name)))
@@ -72,12 +72,12 @@ def train_state_shardings(mesh: Mesh, train_state: Any, strategy: str | Parallel
         return NamedSharding(mesh, config.spec_for(name, shape, mesh_shape))
 
     shardings = {}
-    for group, tree in train_state.items():
+    for group, tree in train_state._asdict().items():
         if group in ("params", "opt_state", "algorithm_state"):
             shardings[group] = jax.tree_util.tree_map_with_path(mirrored, tree)
         else:
             shardings[group] = jax.tree.map(lambda _: everywhere, tree)
-    return shardings
+    return type(train_state)(**shardings)
 
 
 def global_batch(batch: Any, sharding: NamedSharding) -> Any:

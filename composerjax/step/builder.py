@@ -14,6 +14,7 @@ from jax.sharding import PartitionSpec as P
 from composerjax.core.engine import Engine, Plan
 from composerjax.core.event import EVAL_STEP_EVENTS, PREDICT_STEP_EVENTS, TRAIN_STEP_EVENTS, Event
 from composerjax.core.state import State
+from composerjax.core.train_state import TrainState
 from composerjax.models.function_model import ModelFunctions
 from composerjax.step.keys import KeyCodec
 from composerjax.step.precision import cast_floating, compute_dtype
@@ -252,12 +253,12 @@ class StepBuilder:
 
             return jax.value_and_grad(loss_only)(params)
 
-        def train_step(train_state: dict[str, Any], batch: Any) -> tuple[dict[str, Any], jax.Array, Any]:
+        def train_step(train_state: TrainState, batch: Any) -> tuple[TrainState, jax.Array, Any]:
             host_state.compile_count += 1  # runs once per trace, i.e. once per real compile
             # clock = [optimizer steps so far, steps in max_duration (0 when unknown)].
-            clock = train_state["clock"]
+            clock = train_state.clock
             step, total_steps = clock[0], clock[1]
-            params, rest = train_state["params"], train_state["rest"]
+            params, rest = train_state.params, train_state.rest
             step_rng = jax.random.fold_in(jax.random.wrap_key_data(jnp.asarray(self.step_key_data)), step)
             view = traced_view(
                 host_state,
@@ -270,7 +271,7 @@ class StepBuilder:
                 outputs=None,
                 loss=None,
                 grads=None,
-                algorithm_state=train_state["algorithm_state"],
+                algorithm_state=train_state.algorithm_state,
             )
             view.forward = lambda p, b: functions.forward(
                 self._merge(graphdef, self._compute_params(p), rest), cast_floating(b, self.dtype))
@@ -284,7 +285,7 @@ class StepBuilder:
             else:
                 grads, rest = self._accumulate(view, params, rest, backward)
 
-            updates, opt_state = self.optimizer.update(grads, train_state["opt_state"], params)
+            updates, opt_state = self.optimizer.update(grads, train_state.opt_state, params)
             params = optax.apply_updates(params, updates)
             view.params, view.grads = params, grads
             view.model = self._merge(graphdef, params, rest)
@@ -296,19 +297,13 @@ class StepBuilder:
                 finite = jnp.isfinite(view.loss) & jnp.all(
                     jnp.stack([jnp.all(jnp.isfinite(g)) for g in jax.tree.leaves(grads)] or [jnp.bool_(True)]))
                 keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)  # noqa: E731
-                params = keep(params, train_state["params"])
-                rest = keep(rest, train_state["rest"])
-                opt_state = keep(opt_state, train_state["opt_state"])
-                algorithm_state = keep(algorithm_state, train_state["algorithm_state"])
+                params = keep(params, train_state.params)
+                rest = keep(rest, train_state.rest)
+                opt_state = keep(opt_state, train_state.opt_state)
+                algorithm_state = keep(algorithm_state, train_state.algorithm_state)
                 view.step_metrics["skipped_nonfinite"] = jnp.logical_not(finite).astype(jnp.float32)
-            new_state = {
-                **train_state,
-                "params": params,
-                "rest": rest,
-                "opt_state": opt_state,
-                "algorithm_state": algorithm_state,
-                "clock": clock.at[0].add(1),
-            }
+            new_state = TrainState(params=params, rest=rest, opt_state=opt_state, algorithm_state=algorithm_state,
+                                   clock=clock.at[0].add(1))
             return new_state, view.loss, dict(view.step_metrics)
 
         return train_step

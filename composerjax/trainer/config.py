@@ -18,14 +18,15 @@ mapping with ``name`` (``{name: mixup, alpha: 0.2}``); anything not registered i
 ``package.module:attr``. Every component's hyperparameters are checked against its own typed
 ``__init__`` (see :func:`composerjax.registry.hparams_model`), and :class:`ConfigError` lists every
 problem at once with its field path (``algorithms[2].mixup.alpha``).
+
+The Trainer settings (every field but the sections) are derived from ``Trainer.__init__`` by
+:mod:`composerjax.trainer.settings`; reading files, ``--set`` overrides and the checks beyond field
+types are in :mod:`composerjax.trainer.recipe`.
 """
 
 from __future__ import annotations
 
 import copy
-import inspect
-import json
-import math
 import os
 import re
 from collections.abc import Sequence
@@ -36,6 +37,8 @@ import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 
 from composerjax.core.time import Time, TimeUnit
+from composerjax.trainer import recipe, settings
+from composerjax.trainer.recipe import OPTIMIZERS, ConfigError
 
 __all__ = [
     "ComponentSpec",
@@ -49,18 +52,7 @@ __all__ = [
     "SCHEDULES",
 ]
 
-OPTIMIZERS = ("adam", "adamw", "sgd", "lamb", "lion", "rmsprop", "adafactor", "adagrad", "nadam")
 SCHEDULES = ("constant", "cosine", "linear")
-
-
-class ConfigError(ValueError):
-    """A recipe with problems; ``problems`` lists each as ``'field.path: what is wrong'``."""
-
-    def __init__(self, problems: Sequence[str], source: str | None = None) -> None:
-        self.problems = list(problems)
-        where = f" in {source}" if source else ""
-        lines = "\n".join(f"  - {problem}" for problem in self.problems)
-        super().__init__(f"{len(self.problems)} problem(s){where}:\n{lines}")
 
 
 class ComponentSpec(BaseModel):
@@ -107,65 +99,66 @@ class ScheduleConfig(BaseModel):
     final_lr_fraction: float = Field(0.0, ge=0, le=1)
 
 
-class TrainerConfig(BaseModel):
+_SECTIONS: dict[str, Any] = {
+    "model": (ComponentSpec, ...),
+    "data": (ComponentSpec, ...),
+    "optimizer": (OptimizerConfig, Field(default_factory=OptimizerConfig)),
+    "schedule": (ScheduleConfig | None, None),
+    "algorithms": (list[ComponentSpec], Field(default_factory=list)),
+    "callbacks": (list[ComponentSpec], Field(default_factory=list)),
+    "loggers": (list[ComponentSpec], Field(default_factory=list)),
+}
+
+
+def _schema() -> type[BaseModel]:
+    """The recipe's fields, in the order of the Trainer's arguments: each setting from its declaration, each
+    argument a recipe builds from sections (``model``, ``optimizers``, ...) as those sections."""
+    arguments = settings.recipe_arguments()
+    fields: dict[str, Any] = {}
+    for name in settings.trainer_signature().parameters:
+        for section in settings.RECIPE_SECTIONS.get(name, ()):
+            fields.setdefault(section, _SECTIONS[section])
+        if name in arguments:
+            argument = arguments[name]
+            default = ... if argument.default is settings.REQUIRED else argument.default
+            fields[name] = (argument.recipe_type, Field(default, **argument.constraints))
+    for section, spec in _SECTIONS.items():
+        fields.setdefault(section, spec)
+    return pydantic.create_model("TrainerSettings", __config__=ConfigDict(extra="forbid"), __module__=__name__,
+                                 __doc__="The recipe's fields, derived from Trainer.__init__.", **fields)
+
+
+class TrainerConfig(_schema()):
     """Everything a training run needs, by name: validated, serialisable, and buildable into a Trainer.
+
+    The fields are the recipe sections (``model``, ``data``, ``optimizer``, ``schedule``,
+    ``algorithms``, ``callbacks``, ``loggers``) and every ``Trainer`` argument with its default,
+    derived from ``Trainer.__init__`` (:mod:`composerjax.trainer.settings`): adding an argument to
+    the Trainer adds it here.
 
     Example:
         >>> config = TrainerConfig.from_dict({"model": {"name": "digits_cnn"}, "data": {"name": "digits"},
-        ...                                   "max_duration": "1ep", "algorithms": [{"mixup": {"alpha": 0.2}}]})
-        >>> config.algorithms[0].name, config.algorithms[0].hparams
-        ('mixup', {'alpha': 0.2})
+        ...                                   "max_duration": "1ep", "algorithms": [{"mixup": {"alpha": 0.2}}],
+        ...                                   "steps_per_call": 4})
+        >>> config.algorithms[0].name, config.algorithms[0].hparams, config.steps_per_call
+        ('mixup', {'alpha': 0.2}, 4)
     """
-
-    model_config = ConfigDict(extra="forbid")
-
-    model: ComponentSpec
-    data: ComponentSpec
-    max_duration: str | int
-    optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
-    schedule: ScheduleConfig | None = None
-    algorithms: list[ComponentSpec] = Field(default_factory=list)
-    callbacks: list[ComponentSpec] = Field(default_factory=list)
-    loggers: list[ComponentSpec] = Field(default_factory=list)
-    eval_interval: str | int | None = None
-    device_train_microbatch_size: int | str | None = None
-    device_memory_budget: int | None = Field(None, ge=1)
-    precision: str = "fp32"
-    seed: int = 0
-    run_name: str | None = None
-    run_dir: str | None = None
-    progress_bar: bool = True
-    log_interval: int = Field(10, ge=1)
-    run_summary: bool = True
-    devices: str | int | list[int] = "auto"
-    accelerator: str = "auto"
-    parallelism: str = "auto"
-    save_folder: str | None = None
-    save_interval: str | int = "1ep"
-    save_num_checkpoints_to_keep: int = -1
-    save_weights_only: bool = False
-    save_overwrite: bool = False
-    load_path: str | None = None
-    load_weights_only: bool = False
-    autoresume: bool = False
-    time_limit: str | None = None
-    skip_nonfinite_updates: bool = False
 
     @classmethod
     def from_dict(cls, values: dict[str, Any], source: str | None = None) -> TrainerConfig:
         """Validate a dict; raise :class:`ConfigError` listing every problem (components included)."""
         if not isinstance(values, dict):
             raise ConfigError([f"(top level): expected a mapping of settings, got {type(values).__name__}"], source)
-        values = _normalise(values)
+        values = recipe.normalise(values)
         problems: list[str] = []
         try:
             config = cls.model_validate(values)
         except pydantic.ValidationError as error:
-            problems += [_pydantic_problem(e) for e in error.errors()]
+            problems += _pydantic_problems(error.errors())
             config = None
-        problems += _check_components(values)
-        problems += _check_times(values)
-        problems += _check_settings(values)
+        problems += recipe.check_components(values)
+        problems += recipe.check_times(values)
+        problems += recipe.check_settings(values)
         if problems:
             raise ConfigError(problems, source)
         return config
@@ -176,14 +169,19 @@ class TrainerConfig(BaseModel):
         return load_config(path, overrides)
 
     def to_dict(self) -> dict[str, Any]:
-        """A plain dict that :meth:`from_dict` accepts (components as ``{name: ..., **hparams}``)."""
-        out = self.model_dump(exclude={"model", "data", "algorithms", "callbacks", "loggers", "optimizer"})
-        out["model"] = self.model.to_dict()
-        out["data"] = self.data.to_dict()
-        out["optimizer"] = {"name": self.optimizer.name, "lr": self.optimizer.lr, **self.optimizer.hparams}
-        for field in ("algorithms", "callbacks", "loggers"):
-            out[field] = [spec.to_dict() for spec in getattr(self, field)]
-        return out
+        """A plain dict that :meth:`from_dict` accepts (components as ``{name: ..., **hparams}``), in field order."""
+        out = self.model_dump(mode="json", exclude=set(_SECTIONS))
+        sections: dict[str, Any] = {
+            "model": self.model.to_dict(), "data": self.data.to_dict(),
+            "optimizer": {"name": self.optimizer.name, "lr": self.optimizer.lr, **self.optimizer.hparams},
+            "schedule": None if self.schedule is None else self.schedule.model_dump(mode="json"),
+            **{field: [spec.to_dict() for spec in getattr(self, field)]
+               for field in ("algorithms", "callbacks", "loggers")}}
+        return {name: sections[name] if name in sections else out[name] for name in type(self).model_fields}
+
+    def arguments(self) -> dict[str, Any]:
+        """The Trainer arguments this recipe sets directly (every field but the sections), as written."""
+        return {name: getattr(self, name) for name in type(self).model_fields if name not in _SECTIONS}
 
     def to_yaml(self) -> str:
         """The recipe as YAML."""
@@ -207,17 +205,17 @@ def load_config(source: str | os.PathLike[str] | dict[str, Any], overrides: Sequ
         values = copy.deepcopy(source)
     else:
         name = os.fspath(source)
-        values = _read(name)
+        values = recipe.read_recipe(name)
         if not isinstance(values, dict):
             got = "nothing (the file is empty)" if values is None else f"a {type(values).__name__}"
             raise ConfigError([f"(top level): expected a mapping of settings (model:, data:, max_duration:, ...), "
                                f"got {got}"], name)
     if isinstance(values, dict):
-        values = _normalise(values)  # components as {name: ..., **hparams}, so override paths have one shape
+        values = recipe.normalise(values)  # components as {name: ..., **hparams}, so override paths have one shape
     problems = []
     for override in overrides:
         try:
-            _apply_override(values, override)
+            recipe.apply_override(values, override)
         except ValueError as error:
             problems.append(str(error))
     if problems:
@@ -225,175 +223,24 @@ def load_config(source: str | os.PathLike[str] | dict[str, Any], overrides: Sequ
     return TrainerConfig.from_dict(values, name)
 
 
-def _read(path: str) -> Any:
-    """The parsed contents of a recipe file; every way it can be unreadable is a ConfigError."""
-    import yaml
-
-    kind = "JSON" if path.endswith(".json") else "YAML"
-    if os.path.isdir(path):
-        raise ConfigError([f"(file): {path!r} is a directory; expected a YAML or JSON recipe file"])
-    if not os.path.exists(path):
-        raise ConfigError([f"(file): {path!r} does not exist; expected a YAML or JSON recipe"])
-    try:
-        with open(path, encoding="utf-8") as handle:
-            text = handle.read()
-    except UnicodeDecodeError as error:
-        byte = error.object[error.start]
-        raise ConfigError([f"(file): {path!r} is not a text file (byte {error.start} is {byte:#04x}, not UTF-8); "
-                           "expected a YAML or JSON recipe"]) from None
-    except OSError as error:
-        raise ConfigError([f"(file): cannot read {path!r}: {error.strerror or error}"]) from None
-    try:
-        if kind == "JSON":
-            return json.loads(text)
-        return yaml.safe_load(text)
-    except json.JSONDecodeError as error:
-        raise ConfigError([f"(file): {path} is not valid JSON: {error.msg} (line {error.lineno}, column "
-                           f"{error.colno})"]) from None
-    except yaml.YAMLError as error:
-        raise ConfigError([f"(file): {path} is not valid {kind}: {_yaml_problem(error)}"]) from None
-
-
-def _yaml_problem(error: Exception) -> str:
-    """A YAML parse error on one line: what was wrong, and where."""
-    problem = getattr(error, "problem", None)
-    if not problem:
-        return " ".join(str(error).split())
-    mark = getattr(error, "problem_mark", None)
-    where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
-    context = getattr(error, "context", None)
-    return f"{problem}{where}" + (f", {context}" if context else "")
-
-
-def _split_path(path: str) -> list[str | int]:
-    parts: list[str | int] = []
-    for chunk in path.replace("]", "").replace("[", ".").split("."):
-        if chunk == "":
-            raise ValueError(f"--set {path}: an empty key in the path")
-        parts.append(int(chunk) if chunk.isdigit() else chunk)
-    return parts
-
-
-def _skip_component_names(values: Any, keys: list[str | int]) -> list[str | int]:
-    """``algorithms[0].mixup.alpha`` -> ``algorithms[0].alpha``: the name in a path is the component's own."""
-    from composerjax.registry import normalize_name
-
-    out: list[str | int] = []
-    node = values
-    for key in keys:
-        if (isinstance(node, dict) and isinstance(key, str) and key not in node and "name" in node
-                and normalize_name(key) == normalize_name(str(node["name"]))):
-            continue
-        out.append(key)
-        if isinstance(node, dict):
-            node = node.get(key)
-        elif isinstance(node, list) and isinstance(key, int) and key < len(node):
-            node = node[key]
-        else:
-            node = None
-    return out
-
-
-def _apply_override(values: dict[str, Any], override: str) -> None:
-    """Set one ``key.path=value`` in ``values``; any problem is a ValueError naming the path and value."""
-    import yaml
-
-    if "=" not in override or not override.split("=", 1)[0].strip():
-        raise ValueError(f"--set {override!r}: expected key.path=value")
-    path, raw = override.split("=", 1)
-    path = path.strip()
-    keys = _split_path(path)
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError as error:
-        raise ValueError(f"--set {path}={raw}: the value is not valid YAML ({_yaml_problem(error)}); quote it to pass "
-                         "a string, e.g. --set 'key=\"text\"'") from None
-    keys = _skip_component_names(values, keys)
-    node: Any = values
-    for depth, key in enumerate(keys[:-1]):
-        nxt = keys[depth + 1]
-        if isinstance(node, list):
-            if not isinstance(key, int) or key >= len(node):
-                raise ValueError(f"--set {path}: {_path_text(keys[:depth])} has {len(node)} items; "
-                                 f"no item {key}")
-            node = node[key]
-        else:
-            _check_key(node, key, keys[:depth], path)
-            if key not in node or node[key] is None:
-                node[key] = [] if isinstance(nxt, int) else {}
-            node = node[key]
-        if isinstance(node, str) and not isinstance(nxt, int):  # `- ema` written as a bare name
-            raise ValueError(f"--set {path}: {key} is the bare name {node!r}; write it as {{{node}: {{}}}} first")
-        if not isinstance(node, (dict, list)):
-            here = _path_text(keys[: depth + 1])
-            kind = type(node).__name__
-            raise ValueError(f"--set {path}: {here} is {node!r} ({'an' if kind[0] in 'aeiou' else 'a'} {kind}), not a "
-                             f"mapping or a list, so it has no {nxt!r} inside; set {here} itself (--set {here}=VALUE)")
-    last = keys[-1]
-    if isinstance(node, list):
-        if not isinstance(last, int) or last > len(node):
-            raise ValueError(f"--set {path}: no item {last} in a list of {len(node)}")
-        if last == len(node):
-            node.append(value)
-        else:
-            node[last] = value
-    else:
-        _check_key(node, last, keys[:-1], path)
-        node[last] = value
-
-
-def _check_key(node: dict[str, Any], key: str | int, parents: Sequence[str | int], path: str) -> None:
-    """A list index ``[i]`` into a mapping is a typo for a name (``model[0]``): refuse it."""
-    if isinstance(key, int) and key not in node:
-        here = _path_text(parents)
-        raise ValueError(f"--set {path}: {here} is a mapping, so it has no item [{key}]; name the key instead "
-                         f"(e.g. {'' if not parents else here + '.'}name)")
-
-
-def _path_text(keys: Sequence[str | int]) -> str:
-    """``['algorithms', 0, 'alpha']`` -> ``'algorithms[0].alpha'``; ``(top level)`` for none."""
-    return _loc(keys) or "(top level)"
-
-
-def _normalise(values: dict[str, Any]) -> dict[str, Any]:
-    """Component lists and the optimizer/schedule in their canonical ``{name: ..., **hparams}`` form."""
-    values = dict(values)
-    for field in ("model", "data"):
-        if isinstance(values.get(field), str):
-            values[field] = {"name": values[field]}
-    for field in ("algorithms", "callbacks", "loggers"):
-        items = values.get(field)
-        if items is None:
-            values[field] = []
-        elif isinstance(items, list):
-            values[field] = [_component(item) for item in items]
-    for field in ("optimizer", "schedule"):
-        if isinstance(values.get(field), str):
-            values[field] = {"name": values[field]}
-    return values
-
-
-def _component(item: Any) -> Any:
-    if isinstance(item, str):
-        return {"name": item}
-    if isinstance(item, dict) and "name" not in item and len(item) == 1:
-        (name, hparams), = item.items()
-        if hparams is None:
-            hparams = {}
-        if isinstance(hparams, dict):
-            return {"name": name, **hparams}
-    return item
-
-
-def _loc(loc: Sequence[Any]) -> str:
-    text = ""
-    for part in loc:
-        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
-    return text
+def _pydantic_problems(errors: list[Any]) -> list[str]:
+    """One line per bad value: a setting's union members (``eval_interval.str``, ``.int``) merged into one."""
+    grouped: dict[tuple[Any, ...], list[Any]] = {}
+    for error in errors:
+        loc = tuple(error["loc"])
+        if loc and loc[0] not in _SECTIONS:  # a setting: names after it are union members, not keys
+            loc = (loc[0], *[part for part in loc[1:] if isinstance(part, int)])
+        grouped.setdefault(loc, []).append(error)
+    problems = []
+    for loc, group in grouped.items():
+        wanted = list(dict.fromkeys(error["msg"].removeprefix("Input should be ") for error in group))
+        message = group[0]["msg"] if len(wanted) == 1 else "Input should be " + " or ".join(wanted)
+        problems.append(_pydantic_problem({**group[0], "loc": loc, "msg": message}))
+    return problems
 
 
 def _pydantic_problem(error: dict[str, Any]) -> str:
-    loc = _loc(error["loc"])
+    loc = recipe.loc(error["loc"])
     value = error.get("input")
     shown = f" (got {value!r})"
     if isinstance(value, dict) and len(shown) > 80:  # a whole component: its fields have their own problems
@@ -407,151 +254,6 @@ def _pydantic_problem(error: dict[str, Any]) -> str:
         hint = (f"; did you mean {', '.join(map(repr, close))}?" if close
                 else f"; accepted: {', '.join(known)}")
     return f"{loc or '(top level)'}: {error['msg']}{shown}{hint}"
-
-
-def _check_components(values: dict[str, Any]) -> list[str]:
-    """Resolve every named component and validate its hyperparameters; one problem per mistake."""
-    from composerjax import registry
-
-    problems = []
-    checks: list[tuple[str, str, Any]] = []
-    for field, kind in (("model", "models"), ("data", "data")):
-        if isinstance(values.get(field), dict):
-            checks.append((field, kind, values[field]))
-    for field in ("algorithms", "callbacks", "loggers"):
-        for index, item in enumerate(values.get(field) or []):
-            if isinstance(item, dict):
-                checks.append((f"{field}[{index}]", field, item))
-    for path, kind, spec in checks:
-        name = spec.get("name")
-        if not isinstance(name, str):
-            continue  # pydantic reports it
-        try:
-            factory = registry.resolve(kind, name)
-        except (ValueError, LookupError, ImportError) as error:
-            problems.append(f"{path}.name: {error}")
-            continue
-        hparams = {key: value for key, value in spec.items() if key != "name"}
-        label = path if kind in ("models", "data") else f"{path}.{name}"
-        try:
-            validated = registry.hparams_model(factory).model_validate(hparams)
-        except pydantic.ValidationError as error:
-            for item in error.errors():
-                value = item.get("input")
-                got = "" if isinstance(value, dict) else f" (got {value!r})"
-                problems.append(f"{label}.{_loc(item['loc'])}: {item['msg']}{got}")
-            continue
-        if kind in ("algorithms", "callbacks"):
-            # Their own checks (ranges, combinations) run in __init__, which is cheap and has no side effects.
-            try:
-                factory(**{key: getattr(validated, key) for key in hparams})
-            except (ValueError, TypeError) as error:
-                # Point at the hyperparameter the message names, if it names one.
-                named = [key for key in hparams if re.search(rf"\b{re.escape(key)}\b", str(error))]
-                problems.append(f"{label}{'.' + named[0] if named else ''}: {error}")
-    optimizer = values.get("optimizer")
-    if isinstance(optimizer, dict):
-        problems += _check_optimizer(optimizer)
-    return problems
-
-
-def _check_times(values: dict[str, Any]) -> list[str]:
-    """Every time string in the recipe parses: run lengths and intervals, the schedule, the time limit."""
-    from composerjax.core.state import as_max_duration
-    from composerjax.trainer.trainer import _to_time, _to_time_limit
-    from composerjax.trainer.validation import check_interval, check_run_length
-
-    problems = []
-    for field in ("max_duration", "eval_interval", "save_interval"):
-        value = values.get(field)
-        if isinstance(value, (str, int)) and not isinstance(value, bool):
-            try:
-                time = _to_time(value, field)
-                if field == "max_duration":
-                    as_max_duration(time)
-            except ValueError as error:
-                message = str(error)  # 'field: ...' or 'field=value: ...'
-                if not message.startswith(f"{field}:"):
-                    message = f"{field}: {message.split(': ', 1)[-1]}"
-                problems.append(message)
-                continue
-            try:  # 'field=value: ...' messages, as the Trainer gives them
-                if field == "max_duration":
-                    # 'ep' and 'sp' runs are counted in batches once the data is known (build_trainer).
-                    check_run_length(time, batches=time.value if time.unit is TimeUnit.BATCH else None,
-                                     counts_tokens=True, given=value)
-                else:
-                    check_interval(time, field, given=value)
-            except ValueError as error:
-                problems.append(str(error))
-    schedule = values.get("schedule")
-    for field in ("warmup", "decay_end"):
-        value = schedule.get(field) if isinstance(schedule, dict) else None
-        if isinstance(value, (str, int)) and not isinstance(value, bool):
-            try:
-                unit = Time.from_input(value, TimeUnit.EPOCH).unit
-            except ValueError as error:
-                problems.append(f"schedule.{field}: {value!r}: {error}")
-                continue
-            if unit not in (TimeUnit.EPOCH, TimeUnit.BATCH, TimeUnit.DURATION):
-                problems.append(f"schedule.{field}: {value!r}: expected epochs, batches or a percentage of the run "
-                                "('1ep', '500ba', '10%')")
-    if values.get("time_limit") is not None:
-        try:
-            _to_time_limit(values["time_limit"])
-        except ValueError as error:
-            problems.append(f"time_limit: {str(error).split(': ', 1)[-1]}")
-    return problems
-
-
-def _check_settings(values: dict[str, Any]) -> list[str]:
-    """The Trainer's own checks of plain settings, run at validation so a recipe lists them all at once.
-
-    Only values of the right type are checked here: pydantic already reports the others.
-    """
-    from composerjax.parallel.strategy import resolve_parallelism
-    from composerjax.step.precision import compute_dtype
-    from composerjax.trainer.validation import check_seed
-
-    problems = []
-    seed = values.get("seed")
-    if isinstance(seed, int):  # bool included: True is not a seed
-        try:
-            check_seed(seed)
-        except ValueError as error:
-            problems.append(str(error))  # 'seed=...: expected ...'
-    keep = values.get("save_num_checkpoints_to_keep")
-    if isinstance(keep, int) and not isinstance(keep, bool) and keep < 1 and keep != -1:
-        problems.append(f"save_num_checkpoints_to_keep: expected a positive integer, or -1 to keep all (got {keep!r})")
-    micro = values.get("device_train_microbatch_size")
-    if (isinstance(micro, int) and not isinstance(micro, bool) and micro < 1) or (
-            isinstance(micro, str) and micro != "auto"):
-        problems.append(f"device_train_microbatch_size: expected a positive integer, 'auto' or null (got {micro!r})")
-    for field, check in (("precision", compute_dtype), ("parallelism", resolve_parallelism)):
-        value = values.get(field)
-        if isinstance(value, str):
-            try:
-                check(value)
-            except ValueError as error:
-                problems.append(str(error))  # 'field=...: expected ...'
-    return problems
-
-
-def _check_optimizer(optimizer: dict[str, Any]) -> list[str]:
-    name = optimizer.get("name", "adam")
-    if name not in OPTIMIZERS:
-        import difflib
-
-        close = difflib.get_close_matches(str(name), OPTIMIZERS, n=3)
-        hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
-        return [f"optimizer.name: unknown optimizer {name!r}{hint} Accepted: {', '.join(OPTIMIZERS)}"]
-    accepted = set(inspect.signature(getattr(optax, name)).parameters) - {"learning_rate"}
-    problems = [f"optimizer.{key}: optax.{name} has no argument {key!r}; accepted: {', '.join(sorted(accepted))}"
-                for key in optimizer if key not in ("name", "lr") and key not in accepted]
-    # Extra arguments go to optax untyped: a NaN or infinite one would make every update NaN, silently.
-    problems += [f"optimizer.{key}: expected a finite number (got {value!r})" for key, value in optimizer.items()
-                 if key in accepted and isinstance(value, float) and not math.isfinite(value)]
-    return problems
 
 
 # -- building --------------------------------------------------------------------------------------
@@ -659,14 +361,13 @@ def build_trainer(config: TrainerConfig | dict[str, Any], **overrides: Any) -> A
         steps_per_epoch = len(train)
     except TypeError:
         steps_per_epoch = None
-    arguments = config.model_dump(exclude={"model", "data", "optimizer", "schedule", "algorithms", "callbacks",
-                                           "loggers"})
+    arguments = settings.recipe_to_arguments(config.arguments())  # import paths resolved (validated already)
     arguments.update(overrides)
     _check_run_length(config, arguments, steps_per_epoch, train)
     optimizer = build_optimizer(config, steps_per_epoch)
     components = {field: [_instantiate(field, spec, f"{field}[{index}]") for index, spec in enumerate(specs)]
                   for field, specs in (("algorithms", config.algorithms), ("callbacks", config.callbacks),
-                                       ("loggers", config.loggers))}
+                                       ("loggers", config.loggers)) if field not in overrides}
     try:
         trainer = Trainer(model, train, optimizers=optimizer, eval_dataloader=evaluation, **components, **arguments)
     except (ValueError, FileNotFoundError) as error:
@@ -689,8 +390,8 @@ def _names_a_setting(message: str) -> bool:
 def _check_run_length(config: TrainerConfig, arguments: dict[str, Any], steps_per_epoch: int | None,
                       train: Any) -> None:
     """max_duration ends and fits the step counter, now that the data's length is known (a ConfigError if not)."""
-    from composerjax.trainer.trainer import _to_time
     from composerjax.trainer.validation import check_run_length
+    from composerjax.trainer.validation import to_time as _to_time
 
     duration = arguments.get("max_duration", config.max_duration)
     try:
@@ -711,17 +412,27 @@ def _check_run_length(config: TrainerConfig, arguments: dict[str, Any], steps_pe
                          given=duration)
     except ValueError as error:
         if time.unit is TimeUnit.TOKEN:
-            error = ValueError(f"{error}. A recipe has no tokens_per_batch setting: build the trainer in Python "
-                               "with build_trainer(config, tokens_per_batch=fn)")
+            error = ValueError(f"{error}. In a recipe: tokens_per_batch: 'package.module:function'")
         raise ConfigError([str(error)]) from None
 
 
 def trainer_to_config(trainer: Any) -> TrainerConfig:
-    """The config of a trainer: its settings and the hyperparameters its components hold now.
+    """The config of a trainer: every setting it was given and the hyperparameters its components hold now.
 
-    Algorithms, callbacks and loggers are read back from the objects (registry name and the
-    attributes their ``__init__`` arguments are stored in); model, data, optimizer and schedule come
-    from the config the trainer was built from.
+    Settings come from ``trainer.arguments`` (what the Trainer was called with, overrides to
+    :func:`build_trainer` included), written the way a recipe spells them (functions as their
+    import paths); ``max_duration``, ``run_name``, ``precision`` and a microbatch size chosen by
+    ``'auto'`` are read from the trainer as they are now. Algorithms, callbacks and loggers are read
+    back from the given objects (registry name and the attributes their ``__init__`` arguments are
+    stored in); model, data, optimizer and schedule come from the config the trainer was built from.
+
+    Raises:
+        ValueError: the trainer was not built from a config, or an argument has no recipe form
+            (a lambda ``tokens_per_batch``), naming it.
+
+    Example::
+
+        config = trainer_to_config(build_trainer(load_config("examples/digits_speedup.yaml")))
     """
     from composerjax import registry
 
@@ -730,33 +441,26 @@ def trainer_to_config(trainer: Any) -> TrainerConfig:
         raise ValueError("to_config(): this Trainer was not built from a TrainerConfig (use build_trainer); its "
                          "model, data and optimizer have no names to write down")
     values = base.to_dict()
-    for field, objects in (("algorithms", trainer.state.algorithms), ("callbacks", trainer.state.callbacks),
-                           ("loggers", getattr(trainer, "_given_loggers", []))):
+    arguments = trainer.arguments
+    values.update(settings.arguments_to_recipe(arguments, values))
+    for field in ("algorithms", "callbacks", "loggers"):
         specs = []
-        for obj in objects:
+        for obj in settings.as_list(arguments[field]):
             given = getattr(obj, "_config_spec", None)
             if given is not None:
                 specs.append(dict(given))
                 continue
             name = registry.REGISTRIES[field].name_of(type(obj))
             if name is None:
-                continue  # added by the trainer itself (the progress bar) or unregistered
+                continue  # unregistered: no name to write down
             fields = registry.hparams_model(type(obj)).model_fields
-            hparams = {key: _plain(getattr(obj, key)) for key in fields if hasattr(obj, key)}
+            hparams = {key: settings.plain(getattr(obj, key)) for key in fields if hasattr(obj, key)}
             specs.append({"name": name, **hparams})
         values[field] = specs
-    values["max_duration"] = str(trainer.state.max_duration) if trainer.state.max_duration is not None else None
-    values["seed"] = trainer._seed
-    values["precision"] = trainer.state.precision
-    values["run_name"] = trainer.state.run_name
-    values["log_interval"] = trainer.log_interval
-    values["device_train_microbatch_size"] = trainer.microbatch_size
+    state = trainer.state
+    values["max_duration"] = None if state.max_duration is None else str(state.max_duration)
+    values["precision"] = state.precision
+    values["run_name"] = state.run_name
+    if trainer.microbatch_size is not None:  # the size 'auto' chose, once it has
+        values["device_train_microbatch_size"] = trainer.microbatch_size
     return TrainerConfig.from_dict(values)
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, (Time, TimeUnit)):
-        return str(value)
-    if isinstance(value, tuple):
-        return list(value)
-    return value

@@ -103,7 +103,7 @@ def test_trained_at_length_16_evaluates_at_length_32():
     train = ArrayLoader((x[:64], y[:64]), 16, shuffle=False)
     trainer = Trainer(ComposerClassifier(tiny_gpt(max_length=16), 256), train, "8ba", optax.adam(1e-2),
                       algorithms=[ALiBi(max_sequence_length=64)], progress_bar=False)
-    assert "position" not in trainer.state.train_state["params"]["module"]
+    assert "position" not in trainer.state.train_state.params["module"]
     before = trainer.eval(train)["cross_entropy"]
     trainer.fit()
     assert trainer.eval(train)["cross_entropy"] < before - 0.5

@@ -135,12 +135,12 @@ def test_augmix_in_a_trainer_changes_the_inputs_with_one_compile():
     plain = fit([LastInputs()])
     assert augmented.compile_count == 1 and plain.compile_count == 1
 
-    seen = np.asarray(augmented.state.train_state["algorithm_state"]["LastInputs"])
-    np.testing.assert_array_equal(plain.state.train_state["algorithm_state"]["LastInputs"], x[24:32])
+    seen = np.asarray(augmented.state.train_state.algorithm_state["LastInputs"])
+    np.testing.assert_array_equal(plain.state.train_state.algorithm_state["LastInputs"], x[24:32])
     assert seen.shape == (8, 8, 8) and seen.min() >= 0.0 and seen.max() <= 1.0
     assert not np.allclose(seen, x[24:32])
 
     traced = [t for t in augmented.engine.trace_log if t.key == "AugMix/BEFORE_FORWARD"]
     assert len(traced) == 4 and all(t.traced for t in traced)
-    params, baseline = (jax.device_get(t.state.train_state["params"]) for t in (augmented, plain))
+    params, baseline = (jax.device_get(t.state.train_state.params) for t in (augmented, plain))
     assert not np.allclose(jax.tree.leaves(params)[0], jax.tree.leaves(baseline)[0])

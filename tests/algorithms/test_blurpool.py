@@ -19,7 +19,7 @@ from composerjax.algorithms.blurpool import (
     blur_2d,
 )
 from composerjax.models import SmallCNN, SmallResNet
-from composerjax.surgery import count_modules
+from composerjax.models.surgery import count_modules
 
 KERNEL = np.outer([1.0, 2.0, 1.0], [1.0, 2.0, 1.0]) / 16
 
@@ -139,14 +139,14 @@ def test_blurpool_in_a_trainer_replaces_at_init_and_trains_with_one_compile():
     trainer = Trainer(ComposerClassifier(SmallResNet(num_classes=2, width=4, rngs=nnx.Rngs(0)), 2),
                       ArrayLoader((x, y), 16, shuffle=False), "3ba", optax.sgd(0.1), algorithms=[algorithm],
                       progress_bar=False)
-    params = trainer.state.train_state["params"]["module"]["blocks"][1]
+    params = trainer.state.train_state.params["module"]["blocks"][1]
     assert "kernel" in params["conv1"]["conv"] and "kernel" in params["shortcut"]["conv"]
     before = np.asarray(params["conv1"]["conv"]["kernel"])
     trainer.fit()
     assert trainer.compile_count == 1
     assert count_modules(trainer.state.model, BlurConv) == 2
     assert np.isfinite(float(trainer.state.loss))
-    after = trainer.state.train_state["params"]["module"]["blocks"][1]["conv1"]["conv"]["kernel"]
+    after = trainer.state.train_state.params["module"]["blocks"][1]["conv1"]["conv"]["kernel"]
     assert np.all(np.isfinite(after)) and not np.allclose(after, before)
     metrics = trainer.eval(ArrayLoader((x, y), 16, shuffle=False))
     assert np.isfinite(metrics["cross_entropy"])

@@ -128,7 +128,7 @@ def test_training_equals_plain_jax_colout_with_one_compile():
 
     linear = nnx.Linear(2, 3, rngs=nnx.Rngs(0))
     params = {"kernel": linear.kernel[...], "bias": linear.bias[...]}
-    key_data = np.asarray(jax.device_get(trainer.state.train_state["algorithm_state"]["StepKeyProbe"]))
+    key_data = np.asarray(jax.device_get(trainer.state.train_state.algorithm_state["StepKeyProbe"]))
     for step, row in enumerate(key_data):
         rows, cols = (np.asarray(a) for a in colout_indices(colout.sample_key(jax.random.wrap_key_data(row)),
                                                              SIZE, SIZE, 0.25, 0.15))
@@ -137,7 +137,7 @@ def test_training_equals_plain_jax_colout_with_one_compile():
         grads = jax.grad(lambda p, x=x, y=y: optax.softmax_cross_entropy_with_integer_labels(
             x @ p["kernel"] + p["bias"], y).mean())(params)
         params = jax.tree.map(lambda p, g: p - LR * g, params, grads)
-    trained = jax.device_get(trainer.state.train_state["params"]["module"]["linear"])
+    trained = jax.device_get(trainer.state.train_state.params["module"]["linear"])
     np.testing.assert_allclose(trained["kernel"], params["kernel"], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(trained["bias"], params["bias"], rtol=1e-5, atol=1e-6)
 

@@ -149,7 +149,7 @@ def test_training_equals_plain_jax_cutmix_with_one_compile():
     params = {"kernel": linear.kernel[...], "bias": linear.bias[...]}
     x_all, y_all = image_data()
     eye = np.eye(3, dtype=np.float32)
-    key_data = np.asarray(jax.device_get(trainer.state.train_state["algorithm_state"]["StepKeyProbe"]))
+    key_data = np.asarray(jax.device_get(trainer.state.train_state.algorithm_state["StepKeyProbe"]))
     for step, row in enumerate(key_data):
         bbox, indices = cutmix_sample(cutmix.sample_key(jax.random.wrap_key_data(row)), BATCH, SIZE, SIZE,
                                       1.0, False)
@@ -161,7 +161,7 @@ def test_training_equals_plain_jax_cutmix_with_one_compile():
         grads = jax.grad(lambda p, x_mixed=x_mixed, targets=targets: optax.softmax_cross_entropy(
             x_mixed @ p["kernel"] + p["bias"], targets).mean())(params)
         params = jax.tree.map(lambda p, g: p - LR * g, params, grads)
-    trained = jax.device_get(trainer.state.train_state["params"]["module"]["linear"])
+    trained = jax.device_get(trainer.state.train_state.params["module"]["linear"])
     np.testing.assert_allclose(trained["kernel"], params["kernel"], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(trained["bias"], params["bias"], rtol=1e-5, atol=1e-6)
 

@@ -68,7 +68,7 @@ def test_ema_every_batch_equals_the_numpy_recursion():
     initial = jax.device_get(trainer.state.algorithm_state["EMA"]["params"])
     assert_tree_close(initial, jax.device_get(trainer.state.params), rtol=0, atol=0)  # starts as a copy
     trainer.fit()
-    own = trainer.state.train_state["algorithm_state"]["EMA"]
+    own = trainer.state.train_state.algorithm_state["EMA"]
     assert bool(own["started"])
     assert_tree_close(own["params"], numpy_ema(record.history, 0.5 ** 0.5))
     assert_tree_close(ema.ema_params(trainer.state), own["params"], rtol=0, atol=0)

@@ -18,7 +18,7 @@ from composerjax.algorithms.factorize import (
     factorize_matrix,
 )
 from composerjax.models import SmallResNet
-from composerjax.surgery import count_modules
+from composerjax.models.surgery import count_modules
 
 
 def rank_truncation(matrix: np.ndarray, rank: int) -> np.ndarray:
@@ -125,7 +125,7 @@ def test_factorized_mlp_trains_in_the_trainer_with_one_compile():
     model = ComposerClassifier(nnx.Sequential(nnx.Linear(16, 16, rngs=rngs), nnx.relu, nnx.Linear(16, 2, rngs=rngs)), 2)
     trainer = Trainer(model, ArrayLoader((x, y), 16, shuffle=False), "12ba", optax.adam(1e-2),
                       algorithms=[Factorize(min_features=8, latent_features=4)], progress_bar=False)
-    params = trainer.state.train_state["params"]["module"]["layers"]
+    params = trainer.state.train_state.params["module"]["layers"]
     assert set(params[0]) == {"linear0", "linear1"} and params[0]["linear0"]["kernel"].shape == (16, 4)
     before = trainer.eval(ArrayLoader((x, y), 64, shuffle=False))["cross_entropy"]
     trainer.fit()
@@ -143,9 +143,9 @@ def test_factorized_resnet_trains():
                       ArrayLoader((x, y), 16, shuffle=False), "2ba", optax.sgd(0.1),
                       algorithms=[Factorize(min_channels=4, latent_channels=0.5, factorize_linears=False)],
                       progress_bar=False)
-    start = jax.tree.map(np.asarray, trainer.state.train_state["params"])
+    start = jax.tree.map(np.asarray, trainer.state.train_state.params)
     trainer.fit()
-    end = trainer.state.train_state["params"]
+    end = trainer.state.train_state.params
     kernel = start["module"]["blocks"][0]["conv1"]["conv0"]["kernel"]
     assert kernel.shape == (3, 3, 4, 2)
     assert not np.allclose(kernel, end["module"]["blocks"][0]["conv1"]["conv0"]["kernel"])

@@ -16,7 +16,7 @@ from composerjax.algorithms.ghost_batchnorm import (
     ghost_batch_norm,
 )
 from composerjax.models import SmallCNN, SmallResNet
-from composerjax.surgery import count_modules
+from composerjax.models.surgery import count_modules
 
 
 def trained_batch_norm(channels: int = 3) -> nnx.BatchNorm:

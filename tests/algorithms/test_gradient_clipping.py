@@ -88,12 +88,12 @@ def test_one_sgd_step_uses_the_clipped_gradient(clipping_type, threshold):
                       optax.sgd(LR), loss_fn=mse, algorithms=[GradientClipping(clipping_type, threshold)],
                       progress_bar=False)
     trainer.fit()
-    params = jax.device_get(trainer.state.train_state["params"])
+    params = jax.device_get(trainer.state.train_state.params)
     clipped = numpy_clip(first_batch_grads(), initial_params(), clipping_type, threshold)
     for key, p in initial_params().items():
         np.testing.assert_allclose(params[key], p - LR * clipped[key], rtol=1e-5, atol=1e-6)
     assert trainer.compile_count == 1
-    opt_state = trainer.state.train_state["opt_state"]
+    opt_state = trainer.state.train_state.opt_state
     assert isinstance(opt_state, tuple) and len(opt_state) == 2  # INIT chained (clip, sgd)
 
 
@@ -104,7 +104,7 @@ def test_microbatches_clip_the_whole_batch_gradient(clipping_type, threshold):
                       optax.sgd(LR), loss_fn=mse, algorithms=[GradientClipping(clipping_type, threshold)],
                       device_train_microbatch_size=8, progress_bar=False)
     trainer.fit()
-    params = jax.device_get(trainer.state.train_state["params"])
+    params = jax.device_get(trainer.state.train_state.params)
     grads = first_batch_grads(32)
     clipped = numpy_clip(grads, initial_params(), clipping_type, threshold)
     for key, p in initial_params().items():

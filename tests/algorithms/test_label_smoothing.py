@@ -79,7 +79,7 @@ def test_dense_targets_and_sequence_logits_are_smoothed_on_the_last_axis():
 def test_one_training_step_equals_plain_jax_with_smoothed_targets():
     trainer = make_trainer([LabelSmoothing(smoothing=0.2)])
     trainer.fit()
-    params = jax.device_get(trainer.state.train_state["params"]["module"])
+    params = jax.device_get(trainer.state.train_state.params["module"])
     labels = classification_data()[1][:BATCH]
     expected = reference_step(0.8 * np.eye(3, dtype=np.float32)[labels] + 0.2 / 3)
     np.testing.assert_allclose(params["kernel"], expected["kernel"], rtol=1e-6, atol=1e-7)
@@ -92,7 +92,7 @@ def test_original_targets_are_back_after_the_loss_and_one_compile_serves_every_b
     trainer = make_trainer([LabelSmoothing(0.1), TargetProbe()], max_duration="4ba")
     trainer.fit()
     assert trainer.compile_count == 1
-    seen = jax.device_get(trainer.state.train_state["algorithm_state"]["TargetProbe"])
+    seen = jax.device_get(trainer.state.train_state.algorithm_state["TargetProbe"])
     np.testing.assert_array_equal(seen, classification_data()[1][3 * BATCH:4 * BATCH])
     keys = [trace.key for trace in trainer.engine.trace_log if trace.traced]
     assert keys.count("LabelSmoothing/BEFORE_LOSS") == 4

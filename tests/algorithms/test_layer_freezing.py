@@ -76,7 +76,7 @@ class History(Callback):
         self.frozen: list = []
 
     def batch_end(self, state, logger):
-        opt_state = state.train_state["opt_state"]
+        opt_state = state.train_state.opt_state
         self.params.append(jax.device_get(state.params))
         self.mu.append(jax.device_get(optax.tree.get(opt_state, "mu")))
         self.nu.append(jax.device_get(optax.tree.get(opt_state, "nu")))

@@ -17,7 +17,7 @@ from composerjax.algorithms.low_precision_layernorm import (
 )
 from composerjax.data.text import byte_windows, load_pydoc_bytes
 from composerjax.models import TinyGPT
-from composerjax.surgery import count_modules
+from composerjax.models.surgery import count_modules
 
 
 def bf16_layer_norm(x: jax.Array, scale: jax.Array, bias: jax.Array, epsilon: float) -> jax.Array:
@@ -86,7 +86,7 @@ def test_runs_last_at_init_so_it_converts_layernorms_added_by_other_surgery():
     converted = trainer.state.model
     assert count_modules(converted, LPLayerNorm) == 4 and count_modules(converted, nnx.LayerNorm) == 0
     trainer.fit()
-    params = trainer.state.train_state["params"]["module"]
+    params = trainer.state.train_state.params["module"]
     assert params["norm"]["scale"].dtype == jnp.float32 and params["head"]["layers"][0]["scale"].dtype == jnp.float32
     assert np.isfinite(float(trainer.state.loss)) and float(trainer.state.loss) < np.log(256)
     assert trainer.compile_count == 1

@@ -50,7 +50,7 @@ def make_trainer(algorithms: list[Algorithm], max_duration: str = f"{STEPS}ba") 
 
 def drawn(trainer: Trainer, mixup: MixUp) -> list[tuple[float, np.ndarray]]:
     """The (mixing, indices) MixUp drew at each step, redrawn from the probed step keys."""
-    key_data = np.asarray(jax.device_get(trainer.state.train_state["algorithm_state"]["StepKeyProbe"]))
+    key_data = np.asarray(jax.device_get(trainer.state.train_state.algorithm_state["StepKeyProbe"]))
     draws = []
     for row in key_data:
         mixing, indices = mixup_sample(mixup.sample_key(jax.random.wrap_key_data(row)), BATCH, mixup.alpha)
@@ -135,7 +135,7 @@ def test_training_equals_plain_jax_mixup_with_one_compile(interpolate_loss, seco
 
     draws = drawn(trainer, mixup)
     assert len({lam for lam, _ in draws}) == STEPS  # a new draw every step
-    params = jax.device_get(trainer.state.train_state["params"]["module"])
+    params = jax.device_get(trainer.state.train_state.params["module"])
     expected = reference_params(draws, interpolate_loss)
     np.testing.assert_allclose(params["kernel"], expected["kernel"], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(params["bias"], expected["bias"], rtol=1e-5, atol=1e-6)

@@ -46,13 +46,13 @@ def test_trainer_runs_the_noop_model_with_one_compile_and_one_parameter():
     trainer = Trainer(ComposerClassifier(Exploding(), num_classes=3), ArrayLoader((x, y), 16, shuffle=False), "5ba",
                       optax.adam(1e-3), algorithms=[NoOpModel()], progress_bar=False)
     assert isinstance(trainer.state.model, NoOpModelClass) and trainer.state.model.num_classes == 3
-    params = trainer.state.train_state["params"]
+    params = trainer.state.train_state.params
     assert sum(leaf.size for leaf in jax.tree.leaves(params)) == 1
     trainer.fit()
     assert trainer.state.timestamp.batch == 5
     assert trainer.compile_count == 1
     assert float(trainer.state.loss) == 0.0
-    np.testing.assert_array_equal(trainer.state.train_state["params"]["weight"], [1.0])  # zero gradient
+    np.testing.assert_array_equal(trainer.state.train_state.params["weight"], [1.0])  # zero gradient
     assert trainer.eval(ArrayLoader((x, y), 16, shuffle=False))["loss"] == 0.0
 
 

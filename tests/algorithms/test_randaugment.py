@@ -113,7 +113,7 @@ def test_randaugment_in_a_trainer_changes_the_inputs_with_one_compile():
     plain = fit([MicrobatchInputs()], x, y)
     assert augmented.compile_count == 1 and plain.compile_count == 1
 
-    algorithm_state = augmented.state.train_state["algorithm_state"]
+    algorithm_state = augmented.state.train_state.algorithm_state
     last_batch = x[24:32].reshape(2, 4, 8, 8)
     np.testing.assert_array_equal(algorithm_state["MicrobatchInputs"]["seen"], last_batch)  # before RandAugment
     seen = np.asarray(algorithm_state["MicrobatchInputs#1"]["seen"])
@@ -127,5 +127,5 @@ def test_randaugment_in_a_trainer_changes_the_inputs_with_one_compile():
 
     traced = [t for t in augmented.engine.trace_log if t.key == "RandAugment/BEFORE_FORWARD"]
     assert len(traced) == 4 and all(t.traced for t in traced)
-    params, baseline = (jax.device_get(t.state.train_state["params"]) for t in (augmented, plain))
+    params, baseline = (jax.device_get(t.state.train_state.params) for t in (augmented, plain))
     assert not np.allclose(jax.tree.leaves(params)[0], jax.tree.leaves(baseline)[0])

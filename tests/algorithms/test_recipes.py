@@ -93,8 +93,8 @@ def test_language_model_recipe_trains_and_orders_low_precision_layernorm_last():
                       algorithms=recipe, progress_bar=False)
     init_order = [t.name for t in trainer.engine.trace_log if t.event == Event.INIT]
     assert init_order[-1] == "LowPrecisionLayerNorm"
-    assert "position" not in trainer.state.train_state["params"]["module"] or not jax.tree.leaves(
-        trainer.state.train_state["params"]["module"]["position"])
+    assert "position" not in trainer.state.train_state.params["module"] or not jax.tree.leaves(
+        trainer.state.train_state.params["module"]["position"])
     trainer.fit()
     assert np.isfinite(float(trainer.state.loss))
     # sequence lengths 8, 16, 24 during warmup then 32: one compile per length

@@ -100,16 +100,16 @@ def test_sam_gradients_is_the_gradient_at_the_perturbed_point():
 
 def test_sam_every_step_equals_the_two_pass_reference():
     trainer = run_trainer([SAM(rho=RHO)], steps=3)
-    assert_params_close(trainer.state.train_state["params"], reference_run(3, sam_steps={0, 1, 2}))
+    assert_params_close(trainer.state.train_state.params, reference_run(3, sam_steps={0, 1, 2}))
     assert trainer.compile_count == 1
     # SAM really changes the update: plain SGD ends elsewhere.
     plain = reference_run(3, sam_steps=set())
-    assert not np.allclose(jax.tree.leaves(trainer.state.train_state["params"])[0], jax.tree.leaves(plain)[0])
+    assert not np.allclose(jax.tree.leaves(trainer.state.train_state.params)[0], jax.tree.leaves(plain)[0])
 
 
 def test_sam_interval_two_runs_on_every_second_step_with_two_cached_plans():
     trainer = run_trainer([SAM(rho=RHO, interval=2)], steps=4)
-    assert_params_close(trainer.state.train_state["params"], reference_run(4, sam_steps={1, 3}))
+    assert_params_close(trainer.state.train_state.params, reference_run(4, sam_steps={1, 3}))
     assert trainer.compile_count == 2
     traced = [t.batch for t in trainer.engine.trace_log if t.traced and t.key == "SAM/AFTER_BACKWARD"]
     assert traced == [1, 3]

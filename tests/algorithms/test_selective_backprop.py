@@ -125,7 +125,7 @@ def test_an_active_step_trains_on_the_selected_examples_exactly_like_plain_jax(c
     trainer = linear_trainer([recorder, selective], x=x, y=y)  # listed second, sorted first
     trainer.fit()
 
-    seen = jax.device_get(trainer.state.train_state["algorithm_state"]["RecordBatch"])
+    seen = jax.device_get(trainer.state.train_state.algorithm_state["RecordBatch"])
     batch_x, batch_y = x[:16], y[:16]
     logits = batch_x @ params["kernel"] + params["bias"]
     key = jax.random.fold_in(jax.random.wrap_key_data(seen["key"]), SelectiveBackprop.rng_stream)
@@ -138,7 +138,7 @@ def test_an_active_step_trains_on_the_selected_examples_exactly_like_plain_jax(c
         return optax.softmax_cross_entropy_with_integer_labels(logits, expected_y).mean()
 
     reference = jax.tree.map(lambda p, g: p - LR * g, params, jax.grad(loss)(params))
-    trained = jax.device_get(trainer.state.train_state["params"]["module"])
+    trained = jax.device_get(trainer.state.train_state.params["module"])
     np.testing.assert_allclose(trained["kernel"], reference["kernel"], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(trained["bias"], reference["bias"], rtol=1e-5, atol=1e-6)
 
@@ -177,7 +177,7 @@ def test_scale_factor_scores_on_downscaled_inputs():
                       algorithms=[SelectiveBackprop(start=0.0, end=1.0, keep=0.25, scale_factor=0.5, interrupt=0),
                                   recorder])
     trainer.fit()
-    seen = jax.device_get(trainer.state.train_state["algorithm_state"]["RecordBatch"])
+    seen = jax.device_get(trainer.state.train_state.algorithm_state["RecordBatch"])
     small = jax.image.resize(x, (16, 4, 4, 2), "bilinear")
     losses = per_example_loss(small[:, 0, 0] @ params["kernel"] + params["bias"], y)
     key = jax.random.fold_in(jax.random.wrap_key_data(seen["key"]), SelectiveBackprop.rng_stream)

@@ -17,7 +17,7 @@ from composerjax.algorithms.squeeze_excite import (
     latent_width,
 )
 from composerjax.models import SmallResNet
-from composerjax.surgery import count_modules
+from composerjax.models.surgery import count_modules
 
 
 def reference_squeeze_excite(x: np.ndarray, se: SqueezeExcite2d) -> np.ndarray:
@@ -76,12 +76,12 @@ def test_squeeze_excite_in_a_trainer_trains_the_new_blocks_with_one_compile():
     trainer = Trainer(ComposerClassifier(SmallResNet(num_classes=2, width=4, rngs=nnx.Rngs(0)), 2),
                       ArrayLoader((x, y), 16, shuffle=False), "2ba", optax.sgd(0.5),
                       algorithms=[SqueezeExcite(latent_channels=2, min_channels=8)], progress_bar=False)
-    se_params = trainer.state.train_state["params"]["module"]["blocks"][1]["conv2"]["se"]
+    se_params = trainer.state.train_state.params["module"]["blocks"][1]["conv2"]["se"]
     before = np.asarray(se_params["squeeze"]["kernel"])
     trainer.fit()
     assert trainer.compile_count == 1
     assert np.isfinite(float(trainer.state.loss))
-    after = trainer.state.train_state["params"]["module"]["blocks"][1]["conv2"]["se"]["squeeze"]["kernel"]
+    after = trainer.state.train_state.params["module"]["blocks"][1]["conv2"]["se"]["squeeze"]["kernel"]
     assert np.all(np.isfinite(after)) and not np.allclose(after, before)
     assert np.isfinite(trainer.eval(ArrayLoader((x, y), 16, shuffle=False))["cross_entropy"])
 

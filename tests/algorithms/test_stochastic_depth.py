@@ -16,7 +16,7 @@ from composerjax.algorithms.stochastic_depth import (
     block_drop_rates,
 )
 from composerjax.models import BasicBlock, DecoderBlock, SmallResNet
-from composerjax.surgery import count_modules
+from composerjax.models.surgery import count_modules
 
 
 def feature_maps(shape: tuple[int, ...] = (4, 8, 8, 4), seed: int = 0) -> jnp.ndarray:
@@ -128,7 +128,7 @@ class RecordDropRates(Callback):
         self.rates: list[list[float]] = []
 
     def batch_end(self, state, logger):
-        blocks = state.train_state["rest"]["module"]["blocks"]
+        blocks = state.train_state.rest["module"]["blocks"]
         self.rates.append([float(blocks[i]["drop_rate"]) for i in (0, 1)])
 
 

@@ -84,7 +84,7 @@ def test_batch_interval_average_replaces_the_weights_at_swa_end():
     trainer, snapshots = run(SWA(swa_start="0.3dur", swa_end="1.0dur", update_interval="2ba"), "10ba")
     expected = mean_of([snapshots.trained[t - 1] for t in (3, 5, 7, 9)])
     assert_tree_close(trainer.state.params, expected)
-    own = trainer.state.train_state["algorithm_state"]["SWA"]
+    own = trainer.state.train_state.algorithm_state["SWA"]
     assert int(own["count"]) == 4
     assert_tree_close(own["params"], expected)
     updated = [t.batch for t in trainer.engine.trace_log if t.key == "SWA/AFTER_TRAIN_BATCH"]

@@ -85,7 +85,7 @@ def test_one_sgd_step_matches_plain_jax_through_the_standardization():
 
     params = {"kernel": jnp.asarray(kernel), "bias": jnp.asarray(bias)}
     expected = jax.tree.map(lambda p, g: p - LR * g, params, jax.grad(loss)(params))
-    trained = trainer.state.train_state["params"]["module"]["layers"][0]
+    trained = trainer.state.train_state.params["module"]["layers"][0]
     np.testing.assert_allclose(trained["kernel"], expected["kernel"], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(trained["bias"], expected["bias"], rtol=1e-5, atol=1e-6)
 

@@ -77,8 +77,14 @@ def inside(inner, outer, slack_us=1.0):
 
 
 def test_traces_jsonl_holds_every_host_and_traced_algorithm_run_once_in_order(recorded_run):
-    _, folder, _ = recorded_run
-    traces = read_traces(folder)
+    _, folder, timeline = recorded_run
+    everything = read_traces(folder)
+    # The trainer's built-in evaluation is a plugin too: one trace per evaluation, with its duration and span.
+    evaluations = [t for t in everything if t["name"] == "EvalRunner"]
+    assert [(t["event"], t["batch"]) for t in evaluations] == [("epoch_end", 4), ("epoch_end", 8)]
+    assert all(t["duration_s"] > 0 for t in evaluations)
+    assert len(spans(timeline, "EvalRunner/EPOCH_END")) == 2
+    traces = [t for t in everything if t["name"] != "EvalRunner"]
     assert len(traces) == 8 * 5
     first_batch = [(t["name"], t["event"], t["order"], t["traced"]) for t in traces if t["batch"] == 0]
     assert first_batch == [("HostSleep", "after_dataloader", 0, False), ("AddOne", "before_loss", 0, True),
@@ -88,7 +94,7 @@ def test_traces_jsonl_holds_every_host_and_traced_algorithm_run_once_in_order(re
     assert [t["batch"] for t in host] == list(range(8))
     assert all(t["duration_s"] >= 0.003 for t in host)
     assert all(t["duration_s"] is None for t in traces if t["traced"])
-    times = [t["time_s"] for t in traces]
+    times = [t["time_s"] for t in everything]
     assert times == sorted(times)
 
 

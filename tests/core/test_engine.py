@@ -469,21 +469,6 @@ def test_run_event_after_close_raises():
     engine.close()
     with pytest.raises(RuntimeError, match="close"):
         engine.run_event(Event.BATCH_END)
-    with pytest.raises(RuntimeError):
-        engine.run_marker_only_event(Event.BATCH_END)
-
-
-# -- marker-only events -----------------------------------------------------------------------------
-
-
-def test_marker_only_event_runs_nothing_and_records_a_time():
-    log = []
-    engine = make_engine([Recorder("a", log)], [EveryEvent("c", log)])
-    engine.run_marker_only_event("after_dataloader")
-    assert log == []
-    assert list(engine.markers) == [Event.AFTER_DATALOADER]
-    assert type(engine.markers[Event.AFTER_DATALOADER]) is float
-    assert list(engine.trace_log) == []
 
 
 def test_is_quiet_follows_algorithms_and_listeners():
@@ -575,3 +560,38 @@ def test_check_mode_reports_a_match_outside_the_declared_events(monkeypatch):
     traced = make_engine([Counting({Event.BEFORE_LOSS}, matches={Event.BEFORE_FORWARD})])
     with pytest.raises(RuntimeError, match="at BEFORE_FORWARD"):
         traced.plan([Event.BEFORE_FORWARD, Event.BEFORE_LOSS])
+
+
+# -- the default match -------------------------------------------------------------------------------
+
+
+def test_default_match_runs_an_algorithm_at_every_event_it_declares():
+    log = []
+
+    class Declared(Algorithm):
+        events = frozenset({Event.BATCH_START, Event.BATCH_END})
+
+        def apply(self, event, state, logger):
+            log.append(event)
+
+    engine = make_engine([Declared()])
+    for event in (Event.FIT_START, Event.BATCH_START, Event.AFTER_DATALOADER, Event.BATCH_END):
+        engine.run_event(event)
+    assert log == [Event.BATCH_START, Event.BATCH_END]
+    assert [Declared().match(event, None) for event in Event] == [event in Declared.events for event in Event]
+
+
+def test_an_algorithm_without_events_must_define_match():
+    class Undeclared(Algorithm):
+        def apply(self, event, state, logger):
+            pass
+
+    with pytest.raises(NotImplementedError, match="Undeclared must implement match.*or declare `events`"):
+        Undeclared().match(Event.INIT, None)
+
+
+def test_a_logger_implements_the_core_logger_protocol():
+    from composerjax.core.logger import Logger as LoggerProtocol
+
+    assert isinstance(Logger(State(model=None)), LoggerProtocol)
+    assert not isinstance(object(), LoggerProtocol)

@@ -342,3 +342,37 @@ def test_get_progress():
         clock.get_progress(Time(1.0, "dur"))
     with pytest.raises(ValueError, match="positive"):
         clock.get_progress(Time(0, "ba"))
+
+
+# -- parse_time: the one reader of time arguments ---------------------------------------------------
+
+
+def test_parse_time_reads_times_strings_and_numbers_in_the_default_unit():
+    from composerjax.core.time import parse_time
+
+    assert parse_time("45m", "time_limit") == Time(2700, "sec")
+    assert parse_time("2h30m", "time_limit", (TimeUnit.SECOND,)) == Time(9000, "sec")
+    assert parse_time("10%", "warmup") == Time(0.1, "dur")
+    assert parse_time(3, "interval", default_unit=TimeUnit.EPOCH) == Time(3, "ep")
+    given = Time(5, "ba")
+    assert parse_time(given, "interval", (TimeUnit.BATCH,)) is given
+
+
+@pytest.mark.parametrize(
+    "value, kwargs, message",
+    [
+        ("soon", {}, "interval='soon': invalid time string 'soon'"),
+        (3, {}, "interval=3: cannot tell the unit of bare number 3"),
+        ([1], {}, r"interval=\[1\]: expected a Time, a time string or a number"),
+        ("10sp", {"units": (TimeUnit.BATCH, TimeUnit.EPOCH)},
+         r"interval='10sp': expected a time in 'ba', 'ep', got 'sp'$"),
+        ("0ba", {"units": (TimeUnit.BATCH,), "minimum": 1, "expected": "a positive number of batches"},
+         "interval='0ba': expected a positive number of batches$"),
+        ("x", {"hint": "expected a time string in 'ba'"}, "interval='x': expected a time string in 'ba': invalid time"),
+    ],
+)
+def test_parse_time_names_the_argument_in_every_error(value, kwargs, message):
+    from composerjax.core.time import parse_time
+
+    with pytest.raises(ValueError, match=message):
+        parse_time(value, "interval", **kwargs)

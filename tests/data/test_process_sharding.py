@@ -82,3 +82,27 @@ def test_a_plain_list_has_no_state_to_pass_through():
     odd = ProcessShardedLoader(ArrayLoader(np.arange(20), batch_size=5, process_index=0, process_count=1),
                                process_index=0, process_count=2)
     assert odd.global_batch_size == 4  # 5 samples, the fifth dropped
+
+
+def test_one_resolve_process_serves_every_loader(monkeypatch):
+    import jax
+
+    from composerjax.data import array_loader, process_sharding
+    from composerjax.data.process_sharding import resolve_process
+
+    assert not hasattr(array_loader.ArrayLoader, "_resolve_process")
+    assert array_loader.resolve_process is process_sharding.resolve_process
+    assert resolve_process(2, 3) == (2, 3) and type(resolve_process(np.int64(1), 2)[0]) is int
+    monkeypatch.setattr(jax, "process_index", lambda: 1)
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    assert resolve_process(None, None) == (1, 2)  # asked when a loader is built, not at import
+    assert ArrayLoader(np.arange(8), batch_size=2).state_dict() is not None
+    for index, count, message in [(0, None, "pass both"), (None, 2, "pass both"),
+                                  (0, 0, "`process_count` must be a positive integer, got 0"),
+                                  (-1, 2, "`process_index` must be an integer >= 0, got -1"),
+                                  (True, 2, "`process_index` must be an integer >= 0, got True"),
+                                  (2, 2, r"`process_index` must be in \[0, process_count=2\), got 2")]:
+        with pytest.raises(ValueError, match=message):
+            resolve_process(index, count)
+        with pytest.raises(ValueError, match=message):
+            ArrayLoader(np.arange(8), batch_size=2, process_index=index, process_count=count)

@@ -25,7 +25,7 @@ SCRIPT = textwrap.dedent(
     trainer = Trainer(model, ArrayLoader((x, y), batch_size=16, seed=3), "12ba", optax.adam(1e-2),
                       progress_bar=False)
     trainer.fit()
-    params = trainer.state.train_state["params"]
+    params = trainer.state.train_state.params
     leaf = jax.tree.leaves(params)[0]
     print(json.dumps({
         "devices": trainer.mesh.devices.size,

@@ -1,4 +1,4 @@
-"""composerjax.dist: exact single-process semantics, error paths, and the collectives across 2 launched processes."""
+"""composerjax.parallel.dist: single-process semantics, error paths, and the collectives across 2 launched processes."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import jax
 import numpy as np
 import pytest
 
-from composerjax import dist
+from composerjax.parallel import dist
 
 CLUSTER_VARIABLES = (
     "SLURM_JOB_ID", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NODEID", "OMPI_COMM_WORLD_SIZE",
@@ -157,7 +157,7 @@ COLLECTIVES_SCRIPT = textwrap.dedent(
     """
     import json
     import numpy as np
-    from composerjax import dist
+    from composerjax.parallel import dist
 
     rank = dist.process_index()
     results = {

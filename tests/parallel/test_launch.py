@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from composerjax.cli import main
-from composerjax.launch import child_environment, launch
+from composerjax.parallel.launch import child_environment, launch
 
 
 def run_launcher(script: Path, *args: str, processes: int = 2, devices: int = 2,
@@ -65,7 +65,7 @@ TRAIN_SCRIPT = textwrap.dedent(
 
     def gathered(trainer):  # every process takes part in the gather
         return [np.asarray(multihost_utils.process_allgather(leaf, tiled=True)).ravel().tolist()
-                for leaf in jax.tree.leaves(trainer.state.train_state["params"])]
+                for leaf in jax.tree.leaves(trainer.state.train_state.params)]
 
     params, sharded_params = gathered(trainer), gathered(sharded)
     if jax.process_index() == 0:
@@ -140,7 +140,7 @@ LOAD_SCRIPT = textwrap.dedent(
     print(json.dumps({"resumed_from": trainer.resumed_from,
                       "steps": sorted(int(n) for n in os.listdir(sys.argv[1]) if n.isdigit()),
                       "params": [np.asarray(p).ravel().tolist()
-                                 for p in jax.tree.leaves(trainer.state.train_state["params"])]}))
+                                 for p in jax.tree.leaves(trainer.state.train_state.params)]}))
     """
 )
 
@@ -172,7 +172,7 @@ def test_a_script_that_raises_fails_the_launch_naming_its_rank_and_last_lines(tm
         """
         import time
         import jax
-        from composerjax import dist
+        from composerjax.parallel import dist
 
         dist.barrier("started")
         if jax.process_index() == 1:
@@ -199,7 +199,7 @@ def test_a_killed_worker_stops_the_launch_within_seconds(tmp_path):
         """
         import os, signal, time
         import jax
-        from composerjax import dist
+        from composerjax.parallel import dist
 
         dist.barrier("started")
         if jax.process_index() == 1:
@@ -318,7 +318,7 @@ def test_child_environment():
 
 
 def test_a_process_killed_outright_is_blamed_before_peers_that_exited_or_aborted():
-    from composerjax.launch import _killed_outright
+    from composerjax.parallel.supervisor import _killed_outright
 
     assert _killed_outright(-signal.SIGKILL) and _killed_outright(-signal.SIGSEGV)
     assert not _killed_outright(-signal.SIGABRT)  # what JAX does to the peers of a dead process

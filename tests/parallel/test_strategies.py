@@ -43,7 +43,7 @@ SCRIPT = textwrap.dedent(
     def per_device_param_bytes(trainer):
         device = trainer.mesh.devices.flat[0]
         total = 0
-        for leaf in jax.tree.leaves(trainer.state.train_state["params"]):
+        for leaf in jax.tree.leaves(trainer.state.train_state.params):
             total += sum(s.data.nbytes for s in leaf.addressable_shards if s.device == device)
         return total
 
@@ -61,8 +61,8 @@ SCRIPT = textwrap.dedent(
         trainer.fit()
         state = trainer.state.train_state
         specs = {"/".join(str(getattr(k, "key", k)) for k in path): str(leaf.sharding.spec)
-                 for path, leaf in jax.tree_util.tree_flatten_with_path(state["params"])[0]}
-        return {"params": values(state["params"]), "ema": values(state["algorithm_state"]),
+                 for path, leaf in jax.tree_util.tree_flatten_with_path(state.params)[0]}
+        return {"params": values(state.params), "ema": values(state.algorithm_state),
                 "specs": specs, "bytes": per_device_param_bytes(trainer), "mesh": dict(trainer.mesh.shape),
                 "compiles": trainer.compile_count}
 
@@ -187,6 +187,6 @@ def test_nnx_partitioning_metadata_wins_over_rules_in_the_trainer():
                       loss_fn=lambda m, b: jnp.mean((m(b[0]) - b[1]) ** 2), devices=1,
                       parallelism=ParallelismConfig(rules=rules), progress_bar=False, run_summary=False)
     trainer.fit()
-    params = trainer.state.train_state["params"]["layers"]
+    params = trainer.state.train_state.params["layers"]
     assert params[0]["kernel"].sharding.spec == P(None, "tensor")  # from with_partitioning
     assert params[1]["kernel"].sharding.spec == P("tensor")  # from the rule

@@ -37,7 +37,7 @@ def make_trainer(save_folder=None, callbacks=(), duration="4ba", **kwargs) -> Tr
 
 def params_of(trainer_or_state) -> list[np.ndarray]:
     state = getattr(trainer_or_state, "state", trainer_or_state)
-    return [np.asarray(leaf) for leaf in jax.tree.leaves(jax.device_get(state.train_state["params"]))]
+    return [np.asarray(leaf) for leaf in jax.tree.leaves(jax.device_get(state.train_state.params))]
 
 
 def steps_in(folder) -> list[int]:
@@ -170,10 +170,12 @@ def test_before_load_and_after_load_run_around_the_restore(saved_run, tmp_path, 
     trainer.close()
 
 
-def test_no_load_events_without_a_checkpoint_to_load(tmp_path):
+def test_load_events_fire_on_every_construction_even_with_nothing_to_load(tmp_path):
+    """As in Composer: BEFORE_LOAD/AFTER_LOAD run on every construction; here nothing is restored between them."""
     watcher = LoadWatcher("new")
     trainer = make_trainer(tmp_path / "empty", callbacks=[watcher], autoresume=True)
-    assert watcher.seen == [("init", 0, False)] and trainer.resumed_from is None
+    assert watcher.seen == [("init", 0, False), ("before_load", 0, False), ("after_load", 0, False)]
+    assert trainer.resumed_from is None
     trainer.close()
 
 

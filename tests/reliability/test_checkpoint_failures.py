@@ -44,7 +44,7 @@ def make_trainer(folder, duration="6ba", seed=0, optimizer=None, **kwargs) -> Tr
 
 
 def params_of(trainer: Trainer) -> list[np.ndarray]:
-    return [np.asarray(leaf) for leaf in jax.tree.leaves(jax.device_get(trainer.state.train_state["params"]))]
+    return [np.asarray(leaf) for leaf in jax.tree.leaves(jax.device_get(trainer.state.train_state.params))]
 
 
 def steps_in(folder) -> list[int]:
@@ -151,7 +151,10 @@ def test_a_save_that_fails_on_a_full_disk_ends_the_run_at_once_with_the_error(fu
     last = done.stderr.strip().splitlines()[-1]
     assert "CheckpointSaveError: checkpoint 2 was not saved" in done.stderr and "No space left on device" in done.stderr
     assert "DONE" not in done.stdout and "saved checkpoint" not in done.stdout + done.stderr
-    assert len(done.stderr.splitlines()) < 120, last  # one line per orbax error, no pages of tracebacks
+    # One line per orbax error, no pages of tracebacks: the writes tensorstore finishes after orbax's
+    # event loop closed (0 to 26 bare tracebacks, by timing) are folded into one line.
+    assert "Event loop is closed" not in done.stderr
+    assert len(done.stderr.splitlines()) < 60, last
     assert steps_in(full_disk) == []
 
 

@@ -22,22 +22,15 @@ from types import SimpleNamespace
 
 import pytest
 
-import composerjax.launch as launch_module
-from composerjax.launch import (
-    _PEER_LOST,
-    HEARTBEAT_FILE_ENV,
-    HUNG_STATUS,
-    _blame,
-    _Child,
-    child_environment,
-    heartbeat,
-    launch,
-)
+import composerjax.parallel.heartbeat as heartbeat_module
+from composerjax.parallel.heartbeat import HEARTBEAT_FILE_ENV, HUNG_STATUS, heartbeat
+from composerjax.parallel.launch import child_environment, launch
+from composerjax.parallel.supervisor import _PEER_LOST, _blame, _Child
 
 LAUNCHER = textwrap.dedent(
     """
     import sys
-    from composerjax.launch import launch
+    from composerjax.parallel.launch import launch
     sys.exit(launch(sys.argv[1], [], num_processes=2, devices_per_process=1, grace_period_s=float(sys.argv[2]),
                     heartbeat_timeout_s=float(sys.argv[3])))
     """
@@ -69,19 +62,19 @@ def report_of(stderr: str) -> str:
 # -- heartbeats --------------------------------------------------------------------------------------
 def test_heartbeat_touches_the_launchers_file_at_most_once_a_second(tmp_path, monkeypatch):
     beat_file = tmp_path / "rank-0"
-    monkeypatch.setattr(launch_module, "_next_beat", 0.0)
+    monkeypatch.setattr(heartbeat_module, "_next_beat", 0.0)
     monkeypatch.delenv(HEARTBEAT_FILE_ENV, raising=False)
     assert heartbeat() is False and not beat_file.exists()  # outside the launcher: nothing to do
 
-    monkeypatch.setattr(launch_module, "_next_beat", 0.0)
+    monkeypatch.setattr(heartbeat_module, "_next_beat", 0.0)
     monkeypatch.setenv(HEARTBEAT_FILE_ENV, str(beat_file))
     assert heartbeat() is True and beat_file.exists()  # a missing file is created
     os.utime(beat_file, ns=(0, 0))
     assert heartbeat() is False and beat_file.stat().st_mtime_ns == 0  # within the interval: only the clock
-    monkeypatch.setattr(launch_module, "_next_beat", time.monotonic() - 0.001)
+    monkeypatch.setattr(heartbeat_module, "_next_beat", time.monotonic() - 0.001)
     assert heartbeat() is True and beat_file.stat().st_mtime_ns > 0
 
-    monkeypatch.setattr(launch_module, "_next_beat", 0.0)
+    monkeypatch.setattr(heartbeat_module, "_next_beat", 0.0)
     monkeypatch.setenv(HEARTBEAT_FILE_ENV, str(tmp_path / "no" / "such" / "dir"))
     assert heartbeat() is False  # errors are ignored
 
@@ -99,7 +92,7 @@ def test_a_rank_that_stops_beating_is_named_and_the_job_stopped(tmp_path):
         f"""
         import os, time
         import jax
-        from composerjax.launch import heartbeat
+        from composerjax.parallel.heartbeat import heartbeat
 
         marker = {str(tmp_path / "rank-0-beats")!r}
         if jax.process_index() == 1:
@@ -146,7 +139,7 @@ def test_sigterm_to_the_launcher_ends_ranks_blocked_in_a_collective_or_ignoring_
         """
         import signal, sys, time
         import jax
-        from composerjax import dist
+        from composerjax.parallel import dist
 
         dist.barrier("started")
         if jax.process_index() == 0:
@@ -199,7 +192,7 @@ def test_a_rank_that_only_lost_a_peer_is_not_blamed_even_when_it_exits_first(tmp
         """
         import os, time
         import jax
-        from composerjax import dist
+        from composerjax.parallel import dist
 
         dist.barrier("started")
         jax.distributed.shutdown()  # so that rank 0 leaving does not make JAX abort rank 1

@@ -97,7 +97,7 @@ class ScaleInputs(Algorithm):
 
 def trained_params(trainer: Trainer) -> dict:
     trainer.fit()
-    return jax.device_get(trainer.state.train_state["params"])
+    return jax.device_get(trainer.state.train_state.params)
 
 
 @pytest.mark.parametrize(
@@ -145,7 +145,7 @@ class RunningMean(Algorithm):
 def test_algorithm_state_is_carried_across_steps_and_equals_the_reference():
     trainer = make_trainer([RunningMean()], max_duration="4ba")
     trainer.fit()
-    own = jax.device_get(trainer.state.train_state["algorithm_state"]["RunningMean"])
+    own = jax.device_get(trainer.state.train_state.algorithm_state["RunningMean"])
     params, kernels = initial_params(), []
     x, y = regression_data()
     for i in range(4):
@@ -278,7 +278,7 @@ def test_microbatches_give_the_full_batch_update():
     assert int(micro.state.step_metrics["microbatch"]) == 8
     assert int(full.state.step_metrics["microbatch"]) == 32
     np.testing.assert_allclose(float(micro.state.loss), float(full.state.loss), rtol=1e-5)
-    full_params, micro_params = full.state.train_state["params"], micro.state.train_state["params"]
+    full_params, micro_params = full.state.train_state.params, micro.state.train_state.params
     for a, b in zip(jax.tree.leaves(full_params), jax.tree.leaves(micro_params)):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
 

@@ -23,7 +23,7 @@ def make(**kwargs) -> Trainer:
 
 
 def params(trainer: Trainer) -> list[np.ndarray]:
-    return [np.asarray(leaf) for leaf in jax.tree.leaves(jax.device_get(trainer.state.train_state["params"]))]
+    return [np.asarray(leaf) for leaf in jax.tree.leaves(jax.device_get(trainer.state.train_state.params))]
 
 
 def test_auto_picks_the_largest_microbatch_under_the_budget_and_trains_like_the_whole_batch():

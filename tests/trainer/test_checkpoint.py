@@ -20,6 +20,7 @@ from composerjax.callbacks import NaNMonitor
 from composerjax.loggers import InMemoryLogger
 from composerjax.trainer import Checkpointer
 from composerjax.trainer.checkpoint import OWNER_FILE
+from composerjax.trainer.stopping import TimeLimit
 
 
 def regression_data(samples: int = 48) -> tuple[np.ndarray, np.ndarray]:
@@ -39,7 +40,7 @@ def make_trainer(folder, duration="3ep", width=8, optimizer=None, data=None, shu
 
 
 def leaves(trainer: Trainer, key: str | None = None) -> list[np.ndarray]:
-    tree = trainer.state.train_state if key is None else trainer.state.train_state[key]
+    tree = trainer.state.train_state if key is None else getattr(trainer.state.train_state, key)
     return [np.asarray(leaf) for leaf in jax.tree.leaves(jax.device_get(tree))]
 
 
@@ -126,7 +127,7 @@ def test_swa_average_and_window_come_back_exactly_after_a_crash(tmp_path, interv
     resumed.fit()
     resumed.close()
     average = leaves(reference, "algorithm_state")
-    assert int(jax.device_get(reference.state.train_state["algorithm_state"]["SWA"]["count"])) > 1
+    assert int(jax.device_get(reference.state.train_state.algorithm_state["SWA"]["count"])) > 1
     assert_same(average, leaves(resumed, "algorithm_state"))
     assert_same(leaves(reference, "params"), leaves(resumed, "params"))
     # The host side of the window came back too: both runs swapped the average in once, at the same step.
@@ -208,7 +209,8 @@ class RewindClock(Callback):
 
     def batch_end(self, state, logger) -> None:
         if state.timestamp.batch == self.at:
-            self.box[0]._fit_started_at -= 3 * 3600
+            limit = next(c for c in self.box[0].state.callbacks if isinstance(c, TimeLimit))
+            limit._started -= 3 * 3600
 
 
 def test_time_limit_saves_stops_and_autoresume_continues(tmp_path, uninterrupted):
@@ -370,7 +372,7 @@ def test_surgery_at_init_is_reapplied_before_loading(tmp_path):
     trainer.fit()
     trainer.close()
     loaded = make_trainer(None, duration="3ba", load_path=str(tmp_path), algorithms=factorize())
-    assert "linear0" in str(jax.tree_util.tree_structure(loaded.state.train_state["params"]))
+    assert "linear0" in str(jax.tree_util.tree_structure(loaded.state.train_state.params))
     assert_same(leaves(trainer), leaves(loaded))
     with pytest.raises(CheckpointMismatchError, match="model parameters"):  # an unfactorized model does not fit
         make_trainer(None, duration="3ba", load_path=str(tmp_path))

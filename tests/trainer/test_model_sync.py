@@ -19,7 +19,7 @@ def test_callers_module_is_usable_and_trained_after_fit(classification_arrays):
     trainer = Trainer(ComposerClassifier(module, 2), ArrayLoader((x, y), 16), "2ep", optax.adam(1e-2),
                       progress_bar=False)
     trainer.fit()
-    trained = jax.device_get(trainer.state.train_state["params"]["module"]["kernel"])
+    trained = jax.device_get(trainer.state.train_state.params["module"]["kernel"])
     np.testing.assert_array_equal(np.asarray(module.kernel[...]), trained)  # no "Array has been deleted"
     assert not np.allclose(trained, initial)
     np.testing.assert_allclose(np.asarray(module(x[:3])), x[:3] @ trained + np.asarray(module.bias[...]), rtol=1e-5)
@@ -71,3 +71,47 @@ def test_tokens_per_batch_counts_tokens_and_token_durations_stop_exactly():
     assert trainer.state.timestamp.token == 160
     with pytest.raises(TypeError, match="tokens_per_batch=3"):
         Trainer(model, ArrayLoader((tokens, targets), 4), "1ba", loss_fn=loss, tokens_per_batch=3)
+
+
+# -- typed device state, explicit sync --------------------------------------------------------------
+class ReadsTheModel(Algorithm):
+    """Reads state.model (and state.params) at every BATCH_END, as a monitoring plugin would."""
+
+    events = frozenset({Event.BATCH_END})
+
+    def apply(self, event, state, logger):
+        self.kernel = np.asarray(state.model.module.kernel[...])
+        state.params  # noqa: B018 - reading only
+
+
+def test_reading_the_model_never_marks_it_changed_nor_re_uploads_it(classification_arrays, monkeypatch):
+    from composerjax.core import TrainState
+    from composerjax.step.runner import StepRunner
+
+    taken = []
+    take_model = StepRunner.take_model
+    monkeypatch.setattr(StepRunner, "take_model", lambda self: (taken.append(1), take_model(self))[1])
+    x, y = classification_arrays
+    reader = ReadsTheModel()
+    trainer = Trainer(ComposerClassifier(nnx.Linear(4, 2, rngs=nnx.Rngs(0)), 2), ArrayLoader((x, y), 16), "1ep",
+                      optax.sgd(0.1), algorithms=[reader], progress_bar=False, run_summary=False)
+    assert isinstance(trainer.state.train_state, TrainState)
+    assert TrainState._fields == ("params", "rest", "opt_state", "algorithm_state", "clock")
+    trainer.fit()
+    assert taken == [] and not trainer.state.model_changed
+    np.testing.assert_array_equal(reader.kernel, jax.device_get(trainer.state.train_state.params["module"]["kernel"]))
+    assert int(trainer.state.train_state.clock[0]) == 4
+
+
+def test_update_model_is_the_one_way_host_edits_reach_the_step(classification_arrays):
+    x, y = classification_arrays
+    trainer = Trainer(ComposerClassifier(nnx.Linear(4, 2, rngs=nnx.Rngs(0)), 2), ArrayLoader((x, y), 16), "1ba",
+                      optax.sgd(0.0), progress_bar=False, run_summary=False)
+    trainer.state.model.module.bias[...] = jnp.full((2,), 7.0)  # edited, not written: the step never sees it
+    trainer.fit()
+    assert not np.allclose(jax.device_get(trainer.state.train_state.params["module"]["bias"]), 7.0)
+    trainer.state.model.module.bias[...] = jnp.full((2,), 7.0)
+    trainer.state.update_model()
+    assert trainer.state.model_changed
+    trainer.fit("1ba")
+    np.testing.assert_array_equal(jax.device_get(trainer.state.train_state.params["module"]["bias"]), [7.0, 7.0])

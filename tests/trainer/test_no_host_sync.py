@@ -29,6 +29,7 @@ from jax._src.lib import xla_client
 from composerjax import Algorithm, ArrayLoader, Callback, ComposerClassifier, Event, Trainer
 from composerjax.algorithms import EMA, GradientClipping, LabelSmoothing, MixUp
 from composerjax.loggers import InMemoryLogger
+from composerjax.step.runner import StepRunner
 
 
 @pytest.fixture
@@ -184,12 +185,12 @@ def test_the_host_queues_every_step_before_the_device_finishes_the_first(slow_st
                          ids=["block_until_ready", "np.asarray", "item"])
 def test_the_run_ahead_check_sees_a_wait_after_every_step(slow_steps, monkeypatch, wait):
     """The check above fails for a loop that waits, even by a route the counters cannot see."""
-    train_batch = Trainer._train_batch
+    train_batch = StepRunner.train_batch
 
-    def train_batch_then_wait(self):
-        samples = train_batch(self)
-        wait(self.state.loss)
-        return samples
+    def train_batch_then_wait(self, batch):
+        samples, loss, metrics = train_batch(self, batch)
+        wait(loss)
+        return samples, loss, metrics
 
-    monkeypatch.setattr(Trainer, "_train_batch", train_batch_then_wait)
+    monkeypatch.setattr(StepRunner, "train_batch", train_batch_then_wait)
     assert all(queue_steps(*slow_steps))

@@ -129,7 +129,7 @@ CROSS_DEVICE = textwrap.dedent(
         source.fit()
         source.close()
         target = trainer(loaded_on, loaded_as, load_path=f"{folder}/{name}")
-        leaf = target.state.train_state["params"]["module"]["layers"][0]["kernel"]
+        leaf = target.state.train_state.params["module"]["layers"][0]["kernel"]
         same = all(np.array_equal(a, b) for a, b in zip(values(source), values(target)))
         # A sharded leaf holds 1/N of the kernel on each device; a replicated one all of it.
         shard = leaf.addressable_shards[0].data.size / leaf.size

@@ -88,7 +88,7 @@ def test_grouped_steps_see_what_single_steps_see_and_train_alike():
     kinds = [(record.kind, record.batch_shapes[0][0]) for record in grouped.state.compiled_steps]
     assert kinds == [("train", 8), ("train", 4)]  # the single step (batch of 8), the stacked call (4 batches)
     assert grouped.state.timestamp.batch == single.state.timestamp.batch == 30
-    np.testing.assert_array_equal(np.asarray(grouped.state.train_state["clock"]), [30, 30])
+    np.testing.assert_array_equal(np.asarray(grouped.state.train_state.clock), [30, 30])
     # Every batch is logged, at its own step, and saw its own step number, progress and key: bit for bit.
     for name in ("train/probe/step", "train/probe/progress", "train/probe/bits"):
         assert logged(grouped_log, name) == logged(single_log, name), name
@@ -149,3 +149,69 @@ def test_a_per_batch_listener_or_a_save_inside_the_group_keeps_steps_single(tmp_
     assert sorted(int(p.name) for p in tmp_path.iterdir() if p.name.isdigit()) == [3, 6, 9, 10]
     with pytest.raises(ValueError, match="steps_per_call=0"):
         make(0)
+
+
+class GroupedListener(Listener):
+    """The same listener, declaring that it may see a group's batches after the call."""
+
+    accepts_grouped_batches = True
+
+
+def grouped_calls(trainer: Trainer) -> int:
+    """How many train variants compiled were grouped (a stacked batch: 3 dims for these 2-D inputs)."""
+    return sum(1 for r in trainer.state.compiled_steps if r.kind == "train" and len(r.batch_shapes[0]) == 3)
+
+
+def test_groups_stop_exactly_at_each_save_and_eval_the_built_ins_say_are_due(tmp_path):
+    """CheckpointSaver and EvalRunner say when they are next due; a 4-batch group never runs past it."""
+    listener = GroupedListener()
+    trainer, _ = make(4, "2ep", save_folder=str(tmp_path), save_interval="4ba", callbacks=[listener],
+                      eval_dataloader=ArrayLoader((X, Y), batch_size=40), eval_interval="8ba")
+    assert trainer.grouping_blocked_by == []
+    trainer.fit()
+    trainer.close()
+    assert grouped_calls(trainer) == 1
+    traces = [(t.name, t.event.name, t.batch) for t in trainer.engine.trace_log if not t.traced]
+    saves = [batch for name, event, batch in traces if name == "CheckpointSaver"]
+    evals = [batch for name, event, batch in traces if name == "EvalRunner"]
+    assert saves == [4, 8, 12, 16, 20]  # 20: the end of fit (an epoch's last batch saves once the epoch closes)
+    assert evals == [8, 16]
+    assert listener.seen == list(range(1, 21))  # every batch's BATCH_END, grouped or not
+    assert sorted(int(p.name) for p in tmp_path.iterdir() if p.name.isdigit()) == [4, 8, 12, 16, 20]
+    # The same run one step per call: the same saves and evals.
+    single, _ = make(1, "2ep", save_folder=str(tmp_path / "single"), save_interval="4ba",
+                     eval_dataloader=ArrayLoader((X, Y), batch_size=40), eval_interval="8ba")
+    single.fit()
+    single.close()
+    assert [(t.name, t.batch) for t in single.engine.trace_log if not t.traced and t.name != "EMA"] == [
+        (name, batch) for name, _, batch in traces if name != "EMA"]
+
+
+def test_a_progress_bar_keeps_grouping_and_counts_every_batch():
+    import io
+
+    from composerjax.loggers import ProgressBarLogger
+
+    class CountingBar(ProgressBarLogger):
+        def batch_end(self, state, logger) -> None:
+            super().batch_end(state, logger)
+            self.ends.append(state.timestamp.batch)
+
+    bar = CountingBar(stream=io.StringIO(), force=True)
+    bar.ends = []
+    trainer, _ = make(5, "1ep")
+    trainer.logger.destinations.append(bar)
+    assert trainer.grouping_blocked_by == []
+    trainer.fit()
+    assert grouped_calls(trainer) == 1
+    assert bar.ends == list(range(1, 11))  # the bar moved once per batch, grouped or not
+
+
+def test_grouping_blocked_by_names_the_plugins_that_must_act_between_batches(capsys):
+    trainer, _ = make(4, "1ep", callbacks=[Listener()])
+    assert trainer.grouping_blocked_by == ["Listener"]
+    trainer.run_summary = True
+    trainer.fit()
+    assert trainer.state.run_summary["grouping_blocked_by"] == ["Listener"]
+    assert "steps_per_call=4: grouping blocked by Listener" in capsys.readouterr().out
+    assert grouped_calls(trainer) == 0

@@ -70,7 +70,7 @@ def test_predict_returns_one_host_output_per_batch_equal_to_the_model(adam_run, 
 def test_state_model_holds_the_trained_parameters_after_fit(adam_run):
     state = adam_run.trainer.state
     trained = linear_params(state.model)
-    device = jax.device_get(state.train_state["params"])
+    device = jax.device_get(state.train_state.params)
     np.testing.assert_array_equal(trained["kernel"], device["module"]["kernel"])
     np.testing.assert_array_equal(trained["bias"], device["module"]["bias"])
     assert not np.allclose(trained["kernel"], adam_run.initial["kernel"])
@@ -125,7 +125,7 @@ def test_max_duration_in_batches_stops_mid_epoch(classification_arrays, make_tin
     trainer.fit()
     clock = trainer.state.timestamp
     assert (clock.epoch, clock.batch, clock.batch_in_epoch, clock.sample) == (1, 6, 2, 96)
-    assert int(trainer.state.train_state["clock"][0]) == 6  # optimizer steps taken on the device
+    assert int(trainer.state.train_state.clock[0]) == 6  # optimizer steps taken on the device
 
 
 def test_max_duration_in_samples(classification_arrays, make_tiny_classifier):
@@ -135,7 +135,7 @@ def test_max_duration_in_samples(classification_arrays, make_tiny_classifier):
     trainer.fit()
     clock = trainer.state.timestamp
     assert (clock.epoch, clock.batch, clock.batch_in_epoch, clock.sample) == (0, 4, 4, 64)
-    assert jax.device_get(trainer.state.train_state["clock"]).tolist() == [4, 4]  # [steps, steps in max_duration]
+    assert jax.device_get(trainer.state.train_state.clock).tolist() == [4, 4]  # [steps, steps in max_duration]
 
 
 class StopAtBatch(Callback):
@@ -153,7 +153,7 @@ def test_stop_training_at_batch_end_ends_after_that_batch(classification_arrays,
     trainer = tiny_trainer(*classification_arrays, make_tiny_classifier(), max_duration, callbacks=[StopAtBatch(3)])
     trainer.fit()
     assert trainer.state.timestamp.batch == 3
-    assert int(trainer.state.train_state["clock"][0]) == 3
+    assert int(trainer.state.train_state.clock[0]) == 3
     assert trainer.state.max_duration == Time(3, TimeUnit.BATCH)  # recorded exactly, mid-epoch too
     trainer.fit("2ba")  # and training goes on from there
     assert trainer.state.timestamp.batch == 5
@@ -257,12 +257,14 @@ class ZeroParamsWithUpdate(Algorithm):
     def apply(self, event, state, logger):
         model = state.model
         nnx.update(model, jax.tree.map(lambda p: p * 0, nnx.state(model, nnx.Param)))
+        state.update_model()  # the one documented way to write the model from host code
 
 
 class ZeroParamsByAssignment(ZeroParamsWithUpdate):
     def apply(self, event, state, logger):
         state.model.module.kernel[...] = jnp.zeros((4, 2))
         state.model.module.bias[...] = jnp.zeros((2,))
+        state.update_model()
 
 
 @pytest.mark.parametrize("algorithm", [ZeroParamsWithUpdate(), ZeroParamsByAssignment()], ids=lambda a: a.name)
@@ -441,7 +443,7 @@ def test_bf16_computes_in_bf16_and_keeps_fp32_weights(classification_arrays, mak
     assert len(losses) == 12 and np.all(np.isfinite(losses))
     assert np.mean(losses[8:]) < np.mean(losses[:4])
     state = trainer.state
-    float_leaves = jax.tree.leaves((state.train_state["params"], state.train_state["opt_state"]))
+    float_leaves = jax.tree.leaves((state.train_state.params, state.train_state.opt_state))
     assert {leaf.dtype for leaf in float_leaves if jnp.issubdtype(leaf.dtype, jnp.floating)} == {np.dtype(np.float32)}
     assert state.model.module.kernel[...].dtype == jnp.float32
     assert state.loss.dtype == jnp.float32

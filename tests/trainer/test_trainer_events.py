@@ -81,7 +81,7 @@ def recorded_run(classification_arrays, make_tiny_classifier):
 
 # -- fit -----------------------------------------------------------------------------------------
 def test_init_runs_in_the_constructor_only(recorded_run):
-    assert events(recorded_run.init) == [E.INIT]
+    assert events(recorded_run.init) == [E.INIT, E.BEFORE_LOAD, E.AFTER_LOAD]  # load events: every construction
     assert E.INIT not in events(recorded_run.fit)
 
 
@@ -178,7 +178,10 @@ def test_eval_interval_one_epoch_evaluates_after_each_epoch(classification_array
     trainer, seen = fit_with_periodic_eval(*classification_arrays, make_tiny_classifier(), "1ep")
     starts = [i for i, s in enumerate(seen) if s.event is E.EVAL_START]
     assert [(seen[i].epoch, seen[i].batch) for i in starts] == [(1, 4), (2, 8)]
-    assert [seen[i - 2].event for i in starts] == [E.EPOCH_CHECKPOINT, E.EPOCH_CHECKPOINT]
+    # Composer's position: after EPOCH_END, before EPOCH_CHECKPOINT.
+    assert [seen[i - 2].event for i in starts] == [E.EPOCH_END, E.EPOCH_END]
+    ends = [i for i, s in enumerate(seen) if s.event is E.EVAL_AFTER_ALL]
+    assert [seen[i + 1].event for i in ends] == [E.EPOCH_CHECKPOINT, E.EPOCH_CHECKPOINT]
     assert events(seen).count(E.EVAL_BATCH_END) == 4  # 2 evals x 2 batches of 32
     assert events(seen)[-1] is E.FIT_END
     assert set(trainer.state.metrics["eval"]) == {"accuracy", "cross_entropy"}
@@ -193,7 +196,9 @@ def test_eval_interval_in_batches(classification_arrays, make_tiny_classifier):
     _, seen = fit_with_periodic_eval(*classification_arrays, make_tiny_classifier(), "2ba")
     starts = [i for i, s in enumerate(seen) if s.event is E.EVAL_START]
     assert [seen[i].batch for i in starts] == [2, 4, 6, 8]
-    assert [seen[i - 2].event for i in starts] == [E.BATCH_CHECKPOINT] * 4
+    assert [seen[i - 2].event for i in starts] == [E.BATCH_END] * 4  # after BATCH_END, before BATCH_CHECKPOINT
+    ends = [i for i, s in enumerate(seen) if s.event is E.EVAL_AFTER_ALL]
+    assert [seen[i + 1].event for i in ends] == [E.BATCH_CHECKPOINT] * 4
     assert events(seen).count(E.EPOCH_END) == 2
 
 

@@ -77,6 +77,9 @@ def format_summary(summary: dict[str, Any]) -> str:
     lines.append(f"  parameters: {summary['parameters']:,} ({summary['parameter_bytes'] / 2**20:.2f} MiB)")
     lines.append(f"  devices: {summary['devices']} ({summary['platform']}), precision {summary['precision']}, "
                  f"algorithms: {', '.join(summary['algorithms']) or 'none'}")
+    if summary.get("grouping_blocked_by"):
+        lines.append(f"  steps_per_call={summary['steps_per_call']}: grouping blocked by "
+                     f"{', '.join(summary['grouping_blocked_by'])} (they act between batches)")
     return "\n".join(lines)
 
 

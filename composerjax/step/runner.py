@@ -1,0 +1,408 @@
+"""Run the compiled steps: device state and its sync with the model, plans, compiles, groups, microbatches."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from composerjax.core.engine import Engine, Plan
+from composerjax.core.event import Event
+from composerjax.core.lifecycle import (
+    AFTER_STEP,
+    BEFORE_STEP,
+    EVAL_BATCH,
+    EVAL_CLOSE,
+    EVAL_OPEN,
+    PREDICT_BATCH,
+    PREDICT_CLOSE,
+    PREDICT_OPEN,
+    STEP,
+)
+from composerjax.core.state import State, instance_names
+from composerjax.core.train_state import TrainState
+from composerjax.models.function_model import ModelFunctions, model_functions
+from composerjax.parallel.heartbeat import heartbeat
+from composerjax.parallel.sharding import batch_sharding, global_batch, replicated, train_state_shardings
+from composerjax.parallel.strategy import partition_metadata
+from composerjax.step.batch_check import describe_batch, diagnose_batch, note_batch
+from composerjax.step.builder import StepBuilder, add_metric_sums, split_model
+from composerjax.step.keys import KeyCodec
+from composerjax.step.summary import CompiledStep, cost_of, format_compiled, memory_of
+
+__all__ = ["StepRunner", "batch_size_of", "default_memory_budget"]
+
+
+@jax.jit
+def _with_total_steps(clock: jax.Array, total: jax.Array) -> jax.Array:
+    """``clock`` with its second entry (the steps in ``max_duration``) set to ``total``."""
+    return clock.at[1].set(total)
+
+
+def batch_size_of(batch: Any) -> int:
+    """The number of samples in a host batch (its first leaf's leading dimension)."""
+    return (batch[0] if type(batch) is tuple else jax.tree.leaves(batch)[0]).shape[0]
+
+
+class StepRunner:
+    """Everything between the fit loop and the compiled step.
+
+    It builds the typed device state (:class:`~composerjax.core.train_state.TrainState`) after
+    INIT, keeps ``state.model`` in sync with it (merged in only when host code reads the model;
+    re-split only after :meth:`State.update_model`), looks up each batch's plan, runs one step or a
+    group of steps, records every compile, searches the microbatch size, and runs the eval and
+    predict loops. Only this module touches the :class:`StepBuilder`'s caches.
+
+    Args:
+        state: the run's state.
+        engine: the run's engine.
+        logger: for the compile records.
+        loss_fn: the Trainer's ``loss_fn`` (plain modules).
+        mesh: the device mesh.
+        parallelism: the sharding strategy.
+        microbatch_size: ``device_train_microbatch_size`` (``'auto'`` searches before the first step).
+        device_memory_budget: bytes a step may use, for ``'auto'``.
+        report: prints one line per compiled variant (None: silent).
+
+    Example::
+
+        runner = StepRunner(state, engine, logger, None, mesh, "auto", None, None)
+        runner.build()
+        loss, metrics = runner.train_batch(batch)
+    """
+
+    def __init__(self, state: State, engine: Engine, logger: Any, loss_fn: Callable[..., Any] | None, mesh: Any,
+                 parallelism: Any, microbatch_size: int | str | None, device_memory_budget: int | None,
+                 report: Callable[[str], None] | None = None) -> None:
+        self.state, self.engine, self.logger = state, engine, logger
+        self.loss_fn, self.mesh, self.parallelism = loss_fn, mesh, parallelism
+        self.auto_microbatch = microbatch_size == "auto"
+        self.microbatch_size: int | None = None if self.auto_microbatch else microbatch_size  # type: ignore[assignment]
+        self.microbatch_candidates: list[dict[str, int]] = []
+        self.device_memory_budget = device_memory_budget
+        self.report = report
+        self.multi_process = jax.process_count() > 1
+        self.functions: ModelFunctions = model_functions(state._model, loss_fn)
+        self._variables: Any = None  # (key, [(path, variable, is_param)]) for sync_model
+        self._signature: Any = None  # the last compiled batch's description, for BatchError
+
+    # -- device state ----------------------------------------------------------------------------
+    def build(self) -> None:
+        """Split the model (after INIT) into the device state and build the steps' builder."""
+        state = self.state
+        model = state._model
+        # INIT may have replaced the model (NoOpModel, wrappers): call whatever model is there now.
+        self.functions = model_functions(model, self.loss_fn)
+        eval_graphdef = _eval_graphdef(model)
+        train_graphdef, params, rest = split_model(model)
+        algorithm_state = {}
+        for name, algorithm in zip(instance_names(state.algorithms), state.algorithms):
+            algorithm._state_key = name
+            initial = algorithm.init_state(state)
+            if initial is not None:
+                algorithm_state[name] = initial
+        state.algorithm_state = algorithm_state
+        state.rng, step_key = jax.random.split(state.rng)
+        rest_codec = KeyCodec(rest)
+        train_state = TrainState(params=params, rest=rest_codec.encode(rest), opt_state=state.optimizer.init(params),
+                                 algorithm_state=algorithm_state,
+                                 clock=jnp.asarray([0, state.batches_in_duration() or 0], jnp.int32))
+        sharding = self._shardings(model, train_state)
+        state.train_state = jax.device_put(train_state, sharding)
+        state._sync_model = self.sync_model
+        state._model_taken()
+        self.batch_sharding = batch_sharding(self.mesh)
+        self.builder = StepBuilder(self.engine, state, self.functions, train_graphdef, eval_graphdef, state.optimizer,
+                                   self.microbatch_size, sharding, self.batch_sharding, replicated(self.mesh),
+                                   rest_codec, np.asarray(jax.random.key_data(step_key)))
+
+    def _shardings(self, model: nnx.Module, train_state: TrainState) -> TrainState:
+        self.train_state_sharding = train_state_shardings(self.mesh, train_state, self.parallelism,
+                                                          partition_metadata(model))
+        return self.train_state_sharding
+
+    def sync_model(self) -> None:
+        """Merge the device values into ``state.model`` (only when host code reads it)."""
+        state = self.state
+        train_state, builder = state.train_state, self.builder
+        params, rest = train_state.params, builder.rest_codec.decode(train_state.rest)
+        # The module's variables, found once per model and graph: nnx.update walks the whole graph
+        # (milliseconds per fit() call even for a tiny model); setting each variable is microseconds.
+        # A model whose graph changed is always re-split first (update_model), which changes the key.
+        key = (state._model, builder.train_graphdef, builder.rest_codec)
+        cached = self._variables
+        if cached is None or any(old is not new for old, new in zip(cached[0], key)):
+            variables = [(path, node, isinstance(node, nnx.Param))
+                         for path, node in nnx.iter_graph(state._model) if isinstance(node, nnx.Variable)]
+            self._variables = cached = (key, variables)
+        for path, variable, is_param in cached[1]:
+            value = params if is_param else rest
+            for part in path:
+                value = value[part]
+            variable.set_value(value)
+        state._model_stale = False
+
+    def take_model(self) -> None:
+        """Host code wrote the model (``state.update_model``): re-split it into the device state."""
+        state, builder = self.state, self.builder
+        state._model_taken()
+        model = state._model
+        eval_graphdef = _eval_graphdef(model)
+        graphdef, params, rest = split_model(model)
+        builder.rest_codec = KeyCodec(rest)
+        if graphdef != builder.train_graphdef:
+            builder.train_graphdef, builder.eval_graphdef = graphdef, eval_graphdef
+            builder.clear()
+        current = state.train_state
+        same = jax.tree.structure(params) == jax.tree.structure(current.params)
+        updated = current._replace(params=params, rest=builder.rest_codec.encode(rest),
+                                   opt_state=current.opt_state if same else state.optimizer.init(params))
+        builder.train_state_sharding = self._shardings(model, updated)
+        state.train_state = jax.device_put(updated, self.train_state_sharding)
+
+    def set_total_steps(self) -> None:
+        """Tell the step how many batches ``max_duration`` spans (for ``state.progress``; 0 if unknown)."""
+        state = self.state
+        total = jnp.asarray(state.batches_in_duration() or 0, jnp.int32)
+        state.train_state = state.train_state._replace(clock=jax.device_put(
+            _with_total_steps(state.train_state.clock, total), self.train_state_sharding.clock))
+
+    # -- training --------------------------------------------------------------------------------
+    def train_batch(self, batch: Any) -> tuple[int, Any, Any]:
+        """Run one compiled step on ``batch``: ``(global samples, loss, step_metrics)``, no host sync."""
+        state, builder = self.state, self.builder
+        if state.model_changed:
+            self.take_model()
+        plan = builder.plan_train() if state.algorithms else ()
+        # Host numpy check before the batch leaves (ComposerClassifier: labels in [0, num_classes)).
+        self.functions.check_batch(state._model, batch, "train_dataloader", state.timestamp.batch)
+        if self.auto_microbatch:
+            self._choose_microbatch(plan, batch)
+        step = builder.train_step(plan)
+        samples = batch_size_of(batch)
+        host_batch = batch
+        if self.multi_process:
+            batch = global_batch(batch, self.batch_sharding)
+            samples *= jax.process_count()
+        compiles, start = state.compile_count, time.perf_counter()
+        try:
+            state.train_state, loss, metrics = step(state.train_state, batch)
+        except Exception as error:
+            self._failed(error, host_batch, state.compile_count != compiles)
+            raise
+        if state.compile_count != compiles:
+            self._signature = describe_batch(host_batch)
+            self._record("train", plan, step, time.perf_counter() - start, state.train_state, batch)
+        state._model_stale = True
+        if plan:
+            self.engine.record_plan(plan, state.timestamp.batch)
+        return samples, loss, metrics
+
+    def group_plan(self, count: int, stops: tuple[Callable[[], bool], ...] = ()) -> Plan | None:
+        """The plan shared by the next ``count`` batches, or None if they cannot run as one call.
+
+        The next batches are walked in lifecycle order on predicted timestamps (the last batch's
+        size): they can run as one call when nothing would run at their host events (no algorithm
+        matches; the plugins listening accept grouped batches) and every batch has the same plan.
+        """
+        state, engine = self.state, self.engine
+        if state.batch is None or self.auto_microbatch or state.model_changed:
+            return None
+        if not state.algorithms:
+            return ()
+        size = batch_size_of(state.batch)
+        saved = state.timestamp
+        plans = set()
+        try:
+            for _ in range(count):
+                if any(a.match(e, state) for e in BEFORE_STEP for a in engine.candidates(e)):
+                    return None
+                plans.add(self.builder.plan_train())
+                state.timestamp = state.timestamp.to_next_batch(size, 0, 0.0)
+                if len(plans) > 1 or any(a.match(e, state) for e in AFTER_STEP for a in engine.candidates(e)):
+                    return None
+        finally:
+            state.timestamp = saved
+        return plans.pop()
+
+    def train_group(self, stacked: Any, count: int, plan: Plan) -> tuple[Any, Any]:
+        """Run ``count`` stacked batches in one compiled call: ``(losses[count], step_metrics[count])``."""
+        state, builder = self.state, self.builder
+        first = state.timestamp.batch
+        self.functions.check_batch(state._model, stacked, "train_dataloader", f"{first}-{first + count - 1} (stacked)")
+        step = builder.train_steps(plan, count)
+        compiles, start = state.compile_count, time.perf_counter()
+        try:
+            state.train_state, losses, metrics, (state.loss, state.step_metrics) = step(state.train_state, stacked)
+        except Exception as error:
+            self._failed(error, jax.tree.map(lambda leaf: leaf[0], stacked), state.compile_count != compiles)
+            raise
+        if state.compile_count != compiles:
+            self._signature = describe_batch(jax.tree.map(lambda leaf: leaf[0], stacked))
+            self._record("train", plan, step, time.perf_counter() - start, state.train_state, stacked)
+        if plan:
+            for index in range(count):
+                self.engine.record_plan(plan, first + index)
+        state._model_stale = True
+        return losses, metrics
+
+    def _failed(self, error: Exception, batch: Any, traced: bool) -> None:
+        """The step failed on ``batch``: raise a BatchError saying what is wrong with it, or annotate ``error``."""
+        index = self.state.timestamp.batch
+        problem = diagnose_batch(batch, index, self._signature)
+        if problem is not None:
+            raise problem from error
+        if traced:
+            note_batch(error, batch, index)
+
+    def _choose_microbatch(self, plan: Plan, batch: Any) -> None:
+        """Pick the largest microbatch whose compiled step fits the memory budget (before any step runs)."""
+        self.auto_microbatch = False
+        builder, budget = self.builder, self.device_memory_budget
+        global_batch_size = batch_size_of(batch) * jax.process_count()
+        ways = int(np.prod([self.mesh.shape[axis] for axis in ("data", "fsdp")]))
+        divisors = [m for m in range(global_batch_size, 0, -1) if global_batch_size % m == 0]
+        candidates = [m for m in divisors if m % ways == 0] or divisors
+        abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding),
+                                self.state.train_state)
+        batch_abstract = jax.tree.map(
+            lambda a: jax.ShapeDtypeStruct((a.shape[0] * jax.process_count(), *a.shape[1:]), a.dtype,
+                                           sharding=self.batch_sharding), batch)
+        tried = []
+        for size in candidates:
+            builder.microbatch_size = None if size == global_batch_size else size
+            builder.clear()
+            stats = builder.train_step(plan).lower(abstract, batch_abstract).compile().memory_analysis()
+            need = (stats.argument_size_in_bytes + stats.output_size_in_bytes - stats.alias_size_in_bytes
+                    + stats.temp_size_in_bytes)
+            tried.append({"microbatch_size": size, "bytes": int(need)})
+            if need <= budget:
+                break
+        else:
+            raise ValueError(f"device_train_microbatch_size='auto': no microbatch of the {global_batch_size}-sample "
+                             f"batch fits device_memory_budget={budget} bytes; the smallest ({candidates[-1]}) needs "
+                             f"{tried[-1]['bytes']} bytes")
+        self.microbatch_size = builder.microbatch_size
+        self.microbatch_candidates = tried
+        self.state.run_summary["microbatch_candidates"] = tried
+
+    # -- eval and predict: one loop ----------------------------------------------------------------
+    def evaluate(self, loader: Iterable[Any]) -> dict[str, float]:
+        """Evaluate on ``loader``: metrics summed on the device, fetched once, logged and returned."""
+        state, run_event = self.state, self.engine.run_event
+        if state.model_changed:
+            self.take_model()
+        for event in EVAL_OPEN:
+            run_event(event)
+        totals = self.run_pass("eval", loader, run_event)
+        if totals is None:
+            raise ValueError("eval(): the eval dataloader yielded no batches")
+        fetched = jax.device_get(totals)
+        results = {name: float(total / max(count, 1e-12)) for name, (total, count) in fetched.items()}
+        state.metrics["eval"] = results
+        self.logger.log_metrics({f"metrics/eval/{name}": value for name, value in results.items()})
+        for event in EVAL_CLOSE:
+            run_event(event)
+        return results
+
+    def predict(self, loader: Iterable[Any]) -> list[Any]:
+        """The model's outputs for every batch of ``loader``, fetched in one transfer."""
+        if self.state.model_changed:
+            self.take_model()
+        for event in PREDICT_OPEN:
+            self.engine.run_event(event)
+        outputs = self.run_pass("predict", loader, self.engine.run_event)
+        for event in PREDICT_CLOSE:
+            self.engine.run_event(event)
+        return jax.device_get(outputs)
+
+    def run_pass(self, kind: str, loader: Iterable[Any], event: Callable[[Event], None]) -> Any:
+        """One pass of ``kind`` (``'eval'`` or ``'predict'``) over ``loader``, events in lifecycle order.
+
+        Returns the summed metrics (``{name: (sum, count)}``, on the device) for eval and the list
+        of outputs for predict.
+        """
+        state, builder = self.state, self.builder
+        points = EVAL_BATCH if kind == "eval" else PREDICT_BATCH
+        totals, outputs = None, []
+        for index, batch in enumerate(_epoch_of(loader)):
+            state.batch = batch
+            for point in points:
+                if point is not STEP:
+                    event(point)
+                    continue
+                if state.model_changed:
+                    self.take_model()
+                plan = builder.plan_eval() if kind == "eval" else builder.plan_predict()
+                step = builder.eval_step(plan) if kind == "eval" else builder.predict_step(plan)
+                if kind == "eval":
+                    self.functions.check_batch(state._model, batch, "eval_dataloader", index)
+                device_batch = global_batch(batch, self.batch_sharding) if self.multi_process else batch
+                train_state = state.train_state
+                args = (train_state.params, train_state.rest, train_state.algorithm_state, device_batch)
+                compiles, start = state.compile_count, time.perf_counter()
+                result = step(*args)
+                if state.compile_count != compiles:
+                    self._record(kind, plan, step, time.perf_counter() - start, *args)
+                if plan:
+                    self.engine.record_plan(plan, state.timestamp.batch)
+                if kind == "eval":
+                    totals = result if totals is None else add_metric_sums(totals, result)
+                else:
+                    state.outputs = result
+                    outputs.append(result)
+            heartbeat()
+        return totals if kind == "eval" else outputs
+
+    # -- compile records ---------------------------------------------------------------------------
+    def _record(self, kind: str, plan: Plan, step: Any, seconds: float, *args: Any) -> None:
+        """Record (and with a report, print) a step variant that was just traced and compiled."""
+        abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=getattr(a, "sharding", None))
+                                if hasattr(a, "shape") else a, args)
+        record = CompiledStep(
+            kind=kind,
+            algorithms=tuple(f"{type(a).__name__}/{event.name}" for event, algorithms in plan for a in algorithms),
+            batch_shapes=tuple(tuple(leaf.shape) for leaf in jax.tree.leaves(args[-1])),
+            compile_seconds=seconds,
+            flops=cost_of(step, *abstract),
+            memory=memory_of(step, *abstract),
+            batch=self.state.timestamp.batch,
+        )
+        state = self.state
+        state.compiled_steps.append(record)
+        if kind == "train" and state.run_summary.get("flops_per_step") is None:
+            # Tracing the step ahead of FIT_START would run traced events before it: FLOPs come with
+            # the first compile instead.
+            state.run_summary["flops_per_step"] = record.flops
+        if self.report is not None:
+            self.logger.log_hyperparameters({f"compiled_steps/{len(state.compiled_steps) - 1}": record.to_dict()})
+            self.report(format_compiled(record))
+
+
+def _eval_graphdef(model: nnx.Module) -> nnx.GraphDef:
+    model.eval()
+    graphdef = nnx.split(model, nnx.Param, ...)[0]
+    model.train()
+    return graphdef
+
+
+def _epoch_of(loader: Iterable[Any]) -> Iterable[Any]:
+    """One full pass over ``loader``; an ArrayLoader is reset to the start of its epoch first."""
+    if hasattr(loader, "set_epoch") and hasattr(loader, "epoch"):
+        loader.set_epoch(loader.epoch)
+    return iter(loader)
+
+
+def default_memory_budget(device: jax.Device) -> int:
+    """90% of an accelerator's memory limit; CPU has none to read."""
+    stats = device.memory_stats() if hasattr(device, "memory_stats") else None
+    limit = (stats or {}).get("bytes_limit")
+    if not limit:
+        raise ValueError(f"device_train_microbatch_size='auto' on {device.platform} needs "
+                         "device_memory_budget=<bytes>: this device reports no memory limit to fit the step into")
+    return int(limit * 0.9)

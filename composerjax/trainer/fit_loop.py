@@ -1,0 +1,276 @@
+"""The fit loop: the driver :func:`~composerjax.core.lifecycle.walk_fit` walks, and the buffered loss logs."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import jax
+import numpy as np
+
+from composerjax.core.callback import overridden_events
+from composerjax.core.event import Event
+from composerjax.core.lifecycle import BATCH, BATCH_HOST_EVENTS, STEP
+from composerjax.core.time import TimeUnit
+from composerjax.parallel.heartbeat import heartbeat
+from composerjax.step.runner import batch_size_of
+from composerjax.trainer.interrupt import StopDecision
+from composerjax.trainer.validation import check_run_length
+
+__all__ = ["FitLoop", "PendingLogs", "COUNTER", "grouping_blocked_by"]
+
+# Which Timestamp counter a max_duration unit is measured on.
+COUNTER = {
+    TimeUnit.EPOCH: "epoch",
+    TimeUnit.ITERATION: "iteration",
+    TimeUnit.BATCH: "batch",
+    TimeUnit.SAMPLE: "sample",
+    TimeUnit.TOKEN: "token",
+    TimeUnit.SECOND: "total_wct",
+}
+
+
+class PendingLogs:
+    """Losses and step metrics still on the device, fetched for the loggers in one transfer per interval.
+
+    Fetching one interval behind the newest step means the values are already computed, so the
+    transfer never stalls the device queue.
+    """
+
+    def __init__(self, logger: Any, log_interval: int) -> None:
+        self.logger, self.log_interval = logger, log_interval
+        self._pending: list[tuple[int, Any, Any, int | None]] = []
+
+    def add(self, batch: int, loss: Any, metrics: Any, group: int | None = None) -> None:
+        """Keep batch ``batch``'s loss and metrics (``group`` batches of them for a grouped call)."""
+        self._pending.append((batch, loss, metrics, group))
+        if len(self._pending) >= 2 * self.log_interval:
+            self.flush(self.log_interval)
+
+    def flush(self, count: int | None = None) -> None:
+        """Fetch the oldest ``count`` (default: all) pending entries and log them."""
+        if not self._pending:
+            return
+        count = len(self._pending) if count is None else count
+        pending, self._pending = self._pending[:count], self._pending[count:]
+        values = jax.device_get([(loss, metrics) for _, loss, metrics, _ in pending])
+        for (batch, _, _, group), (loss, metrics) in zip(pending, values):
+            rows = [(batch, loss, metrics)] if group is None else [
+                (batch + i, loss[i], {name: value[i] for name, value in metrics.items()}) for i in range(group)]
+            for step, step_loss, step_metrics in rows:
+                row = {"loss/train/total": float(step_loss)}
+                row.update({f"train/{name}": float(np.mean(value)) for name, value in step_metrics.items()})
+                self.logger.log_metrics(row, step=step)
+
+
+def grouping_blocked_by(engine: Any) -> list[str]:
+    """The plugins that listen between two batches and do not accept grouped batches (so no grouping).
+
+    Example::
+
+        grouping_blocked_by(trainer.engine)   # ['NaNMonitor']
+    """
+    plugins = [*engine.state.callbacks, *getattr(engine.logger, "destinations", ())]
+    return [type(plugin).__name__ for plugin in plugins
+            if not getattr(plugin, "accepts_grouped_batches", False) and overridden_events(plugin) & _BATCH_EVENTS]
+
+
+_BATCH_EVENTS = frozenset(BATCH_HOST_EVENTS)
+
+
+class FitLoop:
+    """The real driver of :func:`~composerjax.core.lifecycle.walk_fit`: batches, steps, time, stopping.
+
+    Runs a per-batch host event only when something could act on it (an algorithm that may match,
+    a listening plugin), groups ``steps_per_call`` batches into one compiled call when nothing
+    needs to run between them, and decides, the same way on every process, when to stop.
+    """
+
+    def __init__(self, trainer: Any) -> None:
+        self.trainer = trainer
+        self.state, self.engine, self.runner = trainer.state, trainer.engine, trainer.runner
+        self.pending: PendingLogs = trainer.pending_logs
+        self.count_tokens = trainer.tokens_per_batch
+        grouping = trainer.steps_per_call
+        self.grouping = grouping if grouping > 1 and not self.runner.multi_process else 0
+        self.iterator: Any = None
+        self._flags: Any = None
+        self._skip: frozenset[Event] = frozenset()
+        self._plan: Any = None
+        self._blocked: tuple[Any, list[str]] = ((), [])
+
+    # -- events --------------------------------------------------------------------------------
+    def event(self, event: Event) -> None:
+        if event not in self._skip:
+            self.engine.run_event(event)
+
+    def _refresh_skip(self) -> None:
+        flags = self.engine.active(BATCH_HOST_EVENTS)
+        if flags is not self._flags:  # the engine hands back the same tuple while nothing changed
+            self._flags = flags
+            self._skip = frozenset(e for e, active in zip(BATCH_HOST_EVENTS, flags) if not active)
+
+    # -- where we are ----------------------------------------------------------------------------
+    def done(self) -> bool:
+        state = self.state
+        duration = state.max_duration
+        # Once per epoch: a callback may have set state.max_duration to tokens the trainer does not count.
+        check_run_length(duration, batches=None, counts_tokens=self.count_tokens is not None,
+                         field="state.max_duration")
+        return getattr(state.timestamp, COUNTER[duration.unit]) >= duration.value
+
+    def at_epoch_start(self) -> bool:
+        return self.state.timestamp.batch_in_epoch == 0
+
+    def epoch_complete(self) -> bool:
+        return self.state.timestamp.batch_in_epoch == self.state.dataloader_len
+
+    def start_epoch(self) -> None:
+        self.iterator = iter(self.state.dataloader)
+
+    def end_epoch(self) -> None:
+        state = self.state
+        if state.timestamp.batch_in_epoch == 0:
+            raise ValueError("train_dataloader yielded no batches in an epoch")
+        self.pending.flush()
+        state.timestamp = state.timestamp.to_next_epoch()
+
+    def end_fit(self) -> None:
+        self.pending.flush()
+        self.stop()  # a signal that came during the last batch or the flush still counts
+        state = self.state
+        # The first step donated the arrays the user's module held: give it the trained ones back
+        # (once per fit, not per step), so the caller's own handle on the model stays usable.
+        if state._model_stale:
+            state._sync_model()
+
+    # -- one batch -------------------------------------------------------------------------------
+    def next_batch(self) -> bool:
+        try:
+            self.state.batch = next(self.iterator)
+        except StopIteration:
+            return False
+        return True
+
+    def train_step(self) -> None:
+        state = self.state
+        start = time.perf_counter()
+        tokens = self.count_tokens(state.batch) if self.count_tokens is not None else 0
+        samples, state.loss, state.step_metrics = self.runner.train_batch(state.batch)
+        if self.trainer.logger.destinations:
+            self.pending.add(state.timestamp.batch + 1, state.loss, state.step_metrics)
+        state.timestamp = state.timestamp.to_next_batch(samples, tokens, time.perf_counter() - start)
+
+    # -- several batches per call ----------------------------------------------------------------
+    def group(self) -> int:
+        """``steps_per_call`` when the next batches can run as one call, else 0."""
+        self._refresh_skip()
+        if not self.grouping or self._room() < self.grouping or self._blocking():
+            return 0
+        self._plan = self.runner.group_plan(self.grouping)
+        return self.grouping if self._plan is not None else 0
+
+    def _blocking(self) -> list[str]:
+        callbacks, destinations = self.state.callbacks, self.trainer.logger.destinations
+        key = (id(callbacks), len(callbacks), len(destinations))
+        if self._blocked[0] != key:
+            self._blocked = (key, grouping_blocked_by(self.engine))
+        return self._blocked[1]
+
+    def _room(self) -> int:
+        """Batches before something needs the host: the epoch's end, the run's end, a plugin's next_due."""
+        state = self.state
+        timestamp = state.timestamp
+        if state.dataloader_len is None or state.max_duration.unit not in (TimeUnit.BATCH, TimeUnit.EPOCH):
+            return 0
+        total = state.batches_in_duration()
+        room = min(state.dataloader_len - timestamp.batch_in_epoch, total - timestamp.batch)
+        for plugin in (*state.callbacks, *self.trainer.logger.destinations):
+            due = plugin.next_due(timestamp) if hasattr(plugin, "next_due") else None
+            if due is not None:
+                room = min(room, due - timestamp.batch)
+        return room
+
+    def train_group(self, count: int) -> bool:
+        """Run ``count`` batches in one call, then their host events batch by batch; False if data ran out."""
+        state = self.state
+        count_tokens = self.count_tokens
+        take = getattr(state.dataloader, "next_stacked", None)
+        stacked = take(count) if take is not None else None
+        if stacked is not None:  # one gather for the whole group (ArrayLoader)
+            size = jax.tree.leaves(stacked)[0].shape[1]
+            batches = None
+        else:
+            batches = []
+            for _ in range(count):
+                try:
+                    batches.append(next(self.iterator))
+                except StopIteration:
+                    break
+            sizes = {batch_size_of(b) for b in batches}
+            if len(batches) < count or len(sizes) > 1:  # a short or ragged group: one step each
+                for batch in batches:
+                    state.batch = batch
+                    self._walk_batch(self.train_step)
+                return len(batches) == count
+            size = sizes.pop()
+            stacked = jax.tree.map(lambda *leaves: np.stack(leaves), *batches)
+        start = time.perf_counter()
+        losses, metrics = self.runner.train_group(stacked, count, self._plan)
+        if self.trainer.logger.destinations:
+            self.pending.add(state.timestamp.batch + 1, losses, metrics, count)
+        seconds = time.perf_counter() - start
+        if batches is None:
+            batches = [jax.tree.map(lambda leaf, i=i: leaf[i], stacked) for i in range(count)] if (
+                count_tokens is not None) else [None] * count
+        state.batch = jax.tree.map(lambda leaf: leaf[-1], stacked)
+        tokens = [count_tokens(batch) if count_tokens is not None else 0 for batch in batches]
+        if len(self._skip) == len(BATCH_HOST_EVENTS):  # nobody listens: one clock update for the group
+            state.timestamp = state.timestamp.to_next_batches(count, size * count, sum(tokens), seconds)
+            return True
+        # The group's host events after its call, batch by batch, each with that batch's timestamp.
+        for batch_tokens in tokens:
+            self._walk_batch(lambda t=batch_tokens: self._advance(size, t, seconds / count))
+        return True
+
+    def _advance(self, samples: int, tokens: int, seconds: float) -> None:
+        state = self.state
+        state.timestamp = state.timestamp.to_next_batch(samples, tokens, seconds)
+
+    def _walk_batch(self, step: Any) -> None:
+        """One batch's host events in lifecycle order, with ``step`` where the compiled step goes."""
+        for point in BATCH:
+            if point is STEP:
+                step()
+            else:
+                self.event(point)  # type: ignore[arg-type]
+
+    # -- stopping --------------------------------------------------------------------------------
+    def stop(self) -> bool:
+        """After a batch or group: whether training stops here. The same answer on every process.
+
+        It stops when ``max_duration`` is reached or a plugin asked to stop (a signal, the time
+        limit). With several processes each one's view is combined (any process's signal, time
+        limit or stop stops them all, at the same batch) through the coordination service, so no
+        process waits in a collective or a save barrier that another has left.
+        """
+        heartbeat()  # progress, for `composerjax launch --heartbeat-timeout`
+        trainer = self.trainer
+        if trainer.stop_decision is not None:
+            return True
+        state = self.state
+        duration = state.max_duration
+        reached = getattr(state.timestamp, COUNTER[duration.unit]) >= duration.value
+        request = trainer._stop_request
+        signum, time_up = request.signum, request.time_limit
+        if self.runner.multi_process:
+            from composerjax.parallel import dist
+
+            signum, time_up, any_reached = dist.agree_max("composerjax-stop", (signum, int(time_up), int(reached)))
+            if any_reached and not reached:  # another process's callback stopped the run
+                state.stop_training()
+                reached = True
+        if signum or time_up:
+            trainer.stop_decision = StopDecision(signum=signum, time_limit=bool(time_up))
+            return True
+        return bool(reached)

@@ -1,0 +1,591 @@
+"""A run's settings, declared once: the ``Trainer.__init__`` signature, and what is derived from it.
+
+Every ``Trainer`` argument, with its type hint and default, is the one declaration of a setting.
+From it come the recipe schema (:class:`~composerjax.trainer.config.TrainerConfig`'s setting
+fields, hence ``--set``), the run's ``hparams`` (:func:`hyperparameters`) and
+``trainer.to_config()``. Only the exceptions are written here, each in one table with its reason:
+
+- :data:`RECIPE_SECTIONS`: arguments a recipe builds from its own sections (``model`` from
+  ``model:``, ``optimizers`` from ``optimizer:`` and ``schedule:``, ...);
+- :data:`RECIPE_FORMS`: arguments a recipe spells differently (a function as an import path
+  ``'package.module:attr'``, devices by index, a ParallelismConfig as a mapping);
+- :data:`RECIPE_DEFAULTS`: recipe fields whose default is not the Trainer's;
+- :data:`RECIPE_CONSTRAINTS`: value checks pydantic runs on top of the type;
+- :data:`NOT_IN_RECIPE`: arguments a recipe cannot give.
+
+Any other argument becomes a recipe field by itself, with the Trainer's default, as long as its
+type hint is made of ``bool``, ``int``, ``float``, ``str``, ``None``, ``Time`` (written as a time
+string or an int), ``Literal`` and lists of those. :func:`schema_problems` is the check that the
+schema follows the signature; ``tests/trainer/test_settings_schema.py`` runs it.
+
+Example:
+    >>> from composerjax.trainer.settings import recipe_arguments
+    >>> settings = recipe_arguments()
+    >>> settings["steps_per_call"].default, settings["handle_signals"].default
+    (1, True)
+    >>> settings["tokens_per_batch"].recipe_type  # a function, by its import path
+    str | None
+"""
+
+from __future__ import annotations
+
+import collections.abc
+import functools
+import inspect
+import os
+import types
+import typing
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from composerjax.core.time import Time, TimeUnit
+
+__all__ = ["NOT_IN_RECIPE", "PARALLELISM_FIELDS", "RECIPE_CONSTRAINTS", "RECIPE_DEFAULTS", "RECIPE_FORMS",
+           "RECIPE_SECTIONS", "REQUIRED", "RecipeArgument", "RecipeForm", "arguments_to_recipe", "as_list",
+           "hyperparameters", "plain", "public_settings", "recipe_arguments", "recipe_to_arguments", "recipe_type",
+           "reference_of", "resolve_reference", "schema_problems", "trainer_signature", "versions"]
+
+
+class _Required:
+    """The default of a recipe field that must be given."""
+
+    def __repr__(self) -> str:
+        return "REQUIRED"
+
+
+#: The default of a recipe field that has to be given.
+REQUIRED: Any = _Required()
+
+
+# -- the exceptions: every one in a table, with its reason -----------------------------------------
+#: Trainer arguments a recipe builds from its own sections, and which sections.
+RECIPE_SECTIONS: dict[str, tuple[str, ...]] = {
+    "model": ("model",),
+    "train_dataloader": ("data",),
+    "optimizers": ("optimizer", "schedule"),
+    "algorithms": ("algorithms",),
+    "callbacks": ("callbacks",),
+    "loggers": ("loggers",),
+    "eval_dataloader": ("data",),
+}
+
+#: Trainer arguments a recipe cannot give, and why. Empty: every argument has a recipe form.
+NOT_IN_RECIPE: dict[str, str] = {}
+
+
+@dataclass(frozen=True)
+class RecipeForm:
+    """How a recipe spells one Trainer argument whose Python type has no YAML form.
+
+    Attributes:
+        recipe_type: the type pydantic validates the recipe value against.
+        why: what a recipe writes instead, and why.
+        build: recipe value -> Trainer argument (resolves import paths).
+        write: ``(Trainer argument, the recipe value it was built from or None)`` -> recipe value.
+        check: recipe value -> problems (``'field: what is wrong'``), run at validation; values of
+            the wrong type are left to pydantic.
+    """
+
+    recipe_type: Any
+    why: str
+    build: Callable[[Any], Any]
+    write: Callable[[Any, Any], Any]
+    check: Callable[[Any], list[str]] = lambda value: []
+
+
+#: Recipe fields whose default is not the Trainer's, and why.
+RECIPE_DEFAULTS: dict[str, tuple[Any, str]] = {
+    "max_duration": (REQUIRED, "a recipe describes a whole run, so it says how long (fit() takes no duration "
+                               "from the command line)"),
+}
+
+#: Value checks beyond the type (pydantic ``Field`` arguments), reported at validation with the value.
+RECIPE_CONSTRAINTS: dict[str, dict[str, Any]] = {
+    "log_interval": {"ge": 1},
+    "device_memory_budget": {"ge": 1},
+    "steps_per_call": {"ge": 1},
+}
+
+
+# -- import paths ----------------------------------------------------------------------------------
+def resolve_reference(path: Any, field: str = "reference") -> Any:
+    """The object an import path ``'package.module:attr'`` names, found the way plugin names are.
+
+    Raises:
+        ValueError: naming ``field`` and the path when it is not one or does not resolve.
+
+    Example:
+        >>> resolve_reference("math:sqrt", "tokens_per_batch").__name__
+        'sqrt'
+    """
+    from composerjax.registry import _import_path
+
+    if not isinstance(path, str) or ":" not in path:
+        raise ValueError(f"{field}: expected an import path 'package.module:attr' (got {path!r})")
+    try:
+        return _import_path("import path", path)
+    except LookupError as error:  # "import path 'x:y': cannot import module 'x' (...)"
+        raise ValueError(f"{field}: {error}") from None
+
+
+def reference_of(obj: Any, given: Any = None) -> str | None:
+    """An import path that resolves to ``obj``: ``given`` if it does, else ``module:qualname``; None if none does.
+
+    Example:
+        >>> import math
+        >>> reference_of(math.sqrt), reference_of(lambda x: x)
+        ('math:sqrt', None)
+    """
+    for path in (given, f"{getattr(obj, '__module__', '')}:{getattr(obj, '__qualname__', '')}"):
+        if isinstance(path, str) and ":" in path and "<" not in path:
+            try:
+                if resolve_reference(path) is obj:
+                    return path
+            except (ValueError, ImportError):
+                pass
+    return None
+
+
+def _write_reference(field_name: str) -> Callable[[Any, Any], Any]:
+    def write(value: Any, given: Any) -> Any:
+        if value is None or isinstance(value, str):
+            return value
+        path = reference_of(value, given)
+        if path is None:
+            raise ValueError(f"to_config(): {field_name}={value!r} has no import path a recipe could name (a lambda, "
+                             "a local function or a partial); define it at module level, then pass it or its "
+                             "'package.module:attr' path")
+        return path
+
+    return write
+
+
+def _check_function(field_name: str) -> Callable[[Any], list[str]]:
+    def check(path: Any) -> list[str]:
+        if not isinstance(path, str):
+            return []
+        try:
+            obj = resolve_reference(path, field_name)
+        except ValueError as error:
+            return [str(error)]
+        return [] if callable(obj) else [f"{field_name}: {path!r} is a {type(obj).__name__}; expected a function"]
+
+    return check
+
+
+def _check_passes(value: Any) -> list[str]:
+    problems: list[str] = []
+    for index, item in enumerate(value if isinstance(value, list) else []):
+        path = item[0] if isinstance(item, (list, tuple)) and item else item
+        problems += _check_function(f"algorithm_passes[{index}]")(path)
+    return problems
+
+
+def _build_reference(field_name: str) -> Callable[[Any], Any]:
+    return lambda value: None if value is None else resolve_reference(value, field_name)
+
+
+def _build_passes(value: Any) -> Any:
+    if value is None:
+        return None
+    return [resolve_reference(item, "algorithm_passes") if isinstance(item, str)
+            else (resolve_reference(item[0], "algorithm_passes"), item[1]) for item in value]
+
+
+def _write_passes(value: Any, given: Any) -> Any:
+    if value is None:
+        return None
+    given = list(given or [])
+    write = _write_reference("algorithm_passes")
+    out = []
+    for index, item in enumerate(value):
+        mine = given[index] if index < len(given) else None
+        if isinstance(item, tuple):
+            out.append([write(item[0], mine[0] if isinstance(mine, (list, tuple)) else None), item[1]])
+        else:
+            out.append(write(item, mine))
+    return out
+
+
+PARALLELISM_FIELDS = ("fsdp", "tensor", "min_fsdp_size", "rules")
+
+
+def _build_parallelism(value: Any) -> Any:
+    from composerjax.parallel.strategy import ParallelismConfig
+
+    if not isinstance(value, Mapping):
+        return value
+    values = dict(value)
+    if values.get("rules") is not None:
+        values["rules"] = tuple(resolve_reference(values["rules"], "parallelism.rules"))
+    else:
+        values.pop("rules", None)
+    return ParallelismConfig(**values)
+
+
+def _check_parallelism(value: Any) -> list[str]:
+    if not isinstance(value, Mapping):
+        return []  # a strategy name: resolve_parallelism checks it
+    unknown = [key for key in value if key not in PARALLELISM_FIELDS]
+    if unknown:
+        return [f"parallelism: unknown field(s) {unknown}; accepted: {', '.join(PARALLELISM_FIELDS)}"]
+    try:
+        _build_parallelism(value)
+    except (ValueError, TypeError) as error:
+        text = str(error)
+        return [text if text.startswith("parallelism") else f"parallelism: {text}"]
+    return []
+
+
+def _write_parallelism(value: Any, given: Any) -> Any:
+    if isinstance(value, str):
+        return value
+    out = {name: getattr(value, name) for name in PARALLELISM_FIELDS if name != "rules"}
+    if value.rules:
+        path = given.get("rules") if isinstance(given, Mapping) else None
+        try:
+            same = path is not None and tuple(resolve_reference(path)) == tuple(value.rules)
+        except (ValueError, ImportError, TypeError):
+            same = False
+        if not same:
+            raise ValueError("to_config(): parallelism has rules that no import path names; give them as "
+                             "parallelism: {rules: 'package.module:RULES', ...}")
+        out["rules"] = path
+    return out
+
+
+def _write_devices(value: Any, given: Any) -> Any:
+    if isinstance(value, (str, int)) or value is None:
+        return value
+    items = list(value)
+    if not all(isinstance(item, int) and not isinstance(item, bool) for item in items):
+        raise ValueError(f"to_config(): devices={value!r}: a recipe names devices by local index; pass indices")
+    return items
+
+
+#: Trainer arguments a recipe spells differently, with their recipe type and reason.
+RECIPE_FORMS: dict[str, RecipeForm] = {
+    "loss_fn": RecipeForm(str | None, "a function, named by its import path 'package.module:function'",
+                          _build_reference("loss_fn"), _write_reference("loss_fn"), _check_function("loss_fn")),
+    "tokens_per_batch": RecipeForm(str | None, "a function fn(batch) -> int, named by its import path "
+                                   "'package.module:function'", _build_reference("tokens_per_batch"),
+                                   _write_reference("tokens_per_batch"), _check_function("tokens_per_batch")),
+    "algorithm_passes": RecipeForm(list[str | tuple[str, int]] | None, "engine passes by import path, each "
+                                   "'package.module:function' or ['package.module:function', priority]",
+                                   _build_passes, _write_passes, _check_passes),
+    "devices": RecipeForm(str | int | list[int] | None, "'auto', a count or a list of local device indices; "
+                          "jax.Device objects exist only in a running process", lambda value: value, _write_devices),
+    "parallelism": RecipeForm(str | dict[str, Any], "a strategy name, or a mapping of ParallelismConfig fields "
+                              "(fsdp, tensor, min_fsdp_size, rules: 'package.module:RULES')", _build_parallelism,
+                              _write_parallelism, _check_parallelism),
+}
+
+
+# -- the declaration -------------------------------------------------------------------------------
+def trainer_signature(init: Callable[..., Any] | None = None) -> inspect.Signature:
+    """The signature that declares the settings: ``Trainer.__init__`` (or ``init``), without ``self``.
+
+    Example:
+        >>> trainer_signature().parameters["steps_per_call"].default
+        1
+    """
+    signature = inspect.signature(init if init is not None else _trainer_init())
+    return signature.replace(parameters=[p for p in signature.parameters.values() if p.name != "self"])
+
+
+def _hints(init: Callable[..., Any]) -> dict[str, Any]:
+    """``init``'s type hints, each evaluated on its own in ``init``'s module.
+
+    A hint naming something its module imports only for type checking is left out; that matters
+    only for an argument no table lists, and :func:`schema_problems` reports it.
+    """
+    namespace = {"Time": Time, "TimeUnit": TimeUnit, "Any": Any, "Literal": typing.Literal,
+                 "Callable": collections.abc.Callable, "Iterable": collections.abc.Iterable,
+                 "Sequence": collections.abc.Sequence, **getattr(init, "__globals__", {})}
+    hints = {}
+    for name, annotation in getattr(init, "__annotations__", {}).items():
+        if isinstance(annotation, str):
+            try:
+                annotation = eval(annotation, namespace)  # the Trainer's own annotation (PEP 563 strings)
+            except Exception:  # a name imported only for type checking: no recipe type
+                continue
+        hints[name] = annotation
+    return hints
+
+
+def recipe_type(hint: Any) -> Any | None:
+    """The type a recipe value of a Trainer argument hinted ``hint`` has; None if it has no YAML form.
+
+    Example:
+        >>> recipe_type(Time | str | None)
+        typing.Union[str, int, NoneType]
+    """
+    if hint in (bool, int, float, str, type(None)):
+        return hint
+    if hint is Time:
+        return str | int
+    origin = typing.get_origin(hint)
+    if origin is typing.Literal:
+        return hint
+    if origin in (typing.Union, types.UnionType):
+        members: list[Any] = []
+        for arg in typing.get_args(hint):
+            translated = recipe_type(arg)
+            if translated is None:
+                return None
+            for member in typing.get_args(translated) if typing.get_origin(translated) is typing.Union else (
+                    translated,):
+                if member not in members:
+                    members.append(member)
+        if all(member is type(None) for member in members):
+            return None
+        return typing.Union[tuple(members)]  # noqa: UP007 - built from a list
+    if origin in (list, collections.abc.Sequence, typing.Sequence) and len(typing.get_args(hint)) == 1:
+        item = recipe_type(typing.get_args(hint)[0])
+        return None if item is None else list[item]
+    return None
+
+
+def plain(value: Any) -> Any:
+    """A setting's value as YAML writes it: Time as its string, tuples as lists, paths as strings.
+
+    Example:
+        >>> plain(Time(2, TimeUnit.EPOCH)), plain(("a", 1))
+        ('2ep', ['a', 1])
+    """
+    if isinstance(value, (Time, TimeUnit)):
+        return value.to_timestring() if isinstance(value, Time) else value.value
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    if isinstance(value, (tuple, list)):
+        return [plain(item) for item in value]
+    if hasattr(value, "item") and callable(value.item) and getattr(value, "shape", None) == ():
+        return value.item()  # a numpy scalar
+    return value
+
+
+@dataclass(frozen=True)
+class RecipeArgument:
+    """One Trainer argument as a recipe field: its recipe type, default and extra checks."""
+
+    name: str
+    recipe_type: Any
+    default: Any
+    constraints: dict[str, Any] = field(default_factory=dict)
+    form: RecipeForm | None = None
+
+
+def recipe_arguments(init: Callable[..., Any] | None = None) -> dict[str, RecipeArgument]:
+    """Every Trainer argument a recipe gives as a field of its own, in signature order.
+
+    Arguments whose type has no recipe form and that no table lists are left out:
+    :func:`schema_problems` reports them.
+
+    Example:
+        >>> recipe_arguments()["log_interval"]
+        RecipeArgument(name='log_interval', recipe_type=<class 'int'>, default=10, constraints={'ge': 1}, form=None)
+    """
+    return dict(_recipe_arguments(init if init is not None else _trainer_init()))
+
+
+@functools.lru_cache(maxsize=8)
+def _recipe_arguments(init: Callable[..., Any]) -> dict[str, RecipeArgument]:
+    signature = trainer_signature(init)
+    hints = _hints(init)
+    out: dict[str, RecipeArgument] = {}
+    for name, parameter in signature.parameters.items():
+        if name in RECIPE_SECTIONS or name in NOT_IN_RECIPE:
+            continue
+        form = RECIPE_FORMS.get(name)
+        kind = form.recipe_type if form is not None else recipe_type(hints.get(name, Any))
+        if kind is None:
+            continue
+        if name in RECIPE_DEFAULTS:
+            default = RECIPE_DEFAULTS[name][0]
+        else:
+            default = REQUIRED if parameter.default is inspect.Parameter.empty else plain(parameter.default)
+        out[name] = RecipeArgument(name, kind, default, dict(RECIPE_CONSTRAINTS.get(name, {})), form)
+    return out
+
+
+def _trainer_init() -> Callable[..., Any]:
+    from composerjax.trainer.trainer import Trainer
+
+    return Trainer.__init__
+
+
+def schema_problems(signature: inspect.Signature, fields: Mapping[str, Any]) -> list[str]:
+    """How a recipe schema (``{field: default}``, :data:`REQUIRED` for none) differs from the Trainer's signature.
+
+    Every parameter must be a recipe field with the same default (or the one :data:`RECIPE_DEFAULTS`
+    gives), or be listed in :data:`RECIPE_SECTIONS` or :data:`NOT_IN_RECIPE`; every field must be
+    a parameter or a recipe-only section; every table entry must name a parameter.
+
+    Example:
+        >>> import inspect
+        >>> def init(self, model, train_dataloader=None, *, seed: int = 0, new_setting: int = 3): ...
+        >>> print(schema_problems(inspect.signature(init), {"model": REQUIRED, "data": REQUIRED, "seed": 0})[0])
+        ... # doctest: +ELLIPSIS
+        new_setting: a Trainer argument (default 3) that is not a recipe field; ...
+    """
+    parameters = {name: p for name, p in signature.parameters.items() if name != "self"}
+    problems = []
+    for name, parameter in parameters.items():
+        if name in NOT_IN_RECIPE:
+            if name in fields:
+                problems.append(f"{name}: listed in NOT_IN_RECIPE ({NOT_IN_RECIPE[name]}) but also a recipe field")
+            continue
+        if name in RECIPE_SECTIONS:
+            missing = [section for section in RECIPE_SECTIONS[name] if section not in fields]
+            if missing:
+                problems.append(f"{name}: built from the recipe section(s) {missing}, which the schema lacks")
+            continue
+        default = REQUIRED if parameter.default is inspect.Parameter.empty else plain(parameter.default)
+        expected = RECIPE_DEFAULTS[name][0] if name in RECIPE_DEFAULTS else default
+        if name not in fields:
+            problems.append(f"{name}: a Trainer argument (default {default!r}) that is not a recipe field; derive the "
+                            f"schema from this signature (recipe_arguments), and if its type ({parameter.annotation}) "
+                            "has no YAML form, add it to RECIPE_FORMS in composerjax/trainer/settings.py (or to "
+                            "NOT_IN_RECIPE, with the reason)")
+        elif fields[name] != expected and not (fields[name] is REQUIRED and expected is REQUIRED):
+            problems.append(f"{name}: the recipe default is {fields[name]!r}, the Trainer's is {default!r}")
+    sections = {section for names in RECIPE_SECTIONS.values() for section in names}
+    for name in fields:
+        if name not in parameters and name not in sections:
+            problems.append(f"{name}: a recipe field that is no Trainer argument nor a recipe section")
+    for table, names in (("RECIPE_SECTIONS", RECIPE_SECTIONS), ("RECIPE_FORMS", RECIPE_FORMS),
+                         ("RECIPE_DEFAULTS", RECIPE_DEFAULTS), ("RECIPE_CONSTRAINTS", RECIPE_CONSTRAINTS),
+                         ("NOT_IN_RECIPE", NOT_IN_RECIPE)):
+        problems += [f"{name}: listed in {table} but not a Trainer argument" for name in names
+                     if name not in parameters]
+    return problems
+
+
+# -- recipe <-> Trainer arguments ------------------------------------------------------------------
+def recipe_to_arguments(values: Mapping[str, Any]) -> dict[str, Any]:
+    """Trainer keyword arguments from a recipe's setting fields (import paths resolved, mappings built).
+
+    Example:
+        >>> recipe_to_arguments({"tokens_per_batch": "builtins:len", "steps_per_call": 4})
+        {'tokens_per_batch': <built-in function len>, 'steps_per_call': 4}
+    """
+    settings = recipe_arguments()
+    return {name: settings[name].form.build(value) if settings[name].form is not None else value
+            for name, value in values.items() if name in settings}
+
+
+def arguments_to_recipe(arguments: Mapping[str, Any], given: Mapping[str, Any]) -> dict[str, Any]:
+    """A recipe's setting fields from Trainer arguments; ``given`` is the recipe they came from (its spellings).
+
+    Raises:
+        ValueError: an argument with no recipe form (a lambda, jax.Device objects), naming it.
+
+    Example:
+        >>> arguments_to_recipe({"tokens_per_batch": len, "save_interval": Time(3, TimeUnit.BATCH)}, {})
+        {'tokens_per_batch': 'builtins:len', 'save_interval': '3ba'}
+    """
+    out = {}
+    for name, setting in recipe_arguments().items():
+        if name not in arguments:
+            continue
+        value, mine = arguments[name], given.get(name)
+        out[name] = setting.form.write(value, mine) if setting.form is not None else plain(value)
+    return out
+
+
+# -- hparams ---------------------------------------------------------------------------------------
+def hyperparameters(trainer: Any) -> dict[str, Any]:
+    """The run's settings as JSON-able values: saved with every checkpoint and logged at FIT_START.
+
+    Read from ``trainer.arguments`` (what the Trainer was given) and, for what the Trainer resolves
+    (run name, mesh, memory budget, loggers), its state.
+
+    Example::
+
+        trainer.hparams = hyperparameters(trainer)   # in Trainer.__init__, after INIT
+    """
+    import jax
+
+    arguments, state = trainer.arguments, trainer.state
+    eval_interval = arguments["eval_interval"]
+    if eval_interval is None and arguments["eval_dataloader"] is not None:
+        eval_interval = "1ep"
+    parallelism = arguments["parallelism"]
+    callbacks = as_list(arguments["callbacks"])  # not the ones the Trainer installs itself
+    return {
+        "run_name": state.run_name,
+        "max_duration": None if state.max_duration is None else str(state.max_duration),
+        "seed": int(arguments["seed"]),
+        "precision": state.precision,
+        "optimizer": _describe(state.optimizer),
+        "algorithms": [{"name": type(a).__name__, "hparams": public_settings(a)} for a in state.algorithms],
+        "callbacks": [{"name": type(c).__name__, "hparams": public_settings(c)} for c in callbacks],
+        "loggers": [type(d).__name__ for d in trainer.logger.destinations],
+        "device_train_microbatch_size": ("auto" if arguments["device_train_microbatch_size"] == "auto"
+                                         else trainer.microbatch_size),
+        "device_memory_budget": trainer.device_memory_budget,
+        "log_interval": arguments["log_interval"],
+        "parallelism": parallelism if isinstance(parallelism, str) else repr(parallelism),
+        "mesh": dict(trainer.mesh.shape),
+        "devices": int(trainer.mesh.devices.size),
+        "processes": jax.process_count(),
+        "eval_interval": None if eval_interval is None else str(Time.from_input(eval_interval, TimeUnit.EPOCH)),
+        "save_interval": str(arguments["save_interval"]),
+        "save_weights_only": arguments["save_weights_only"],
+        "time_limit": None if arguments["time_limit"] is None else str(arguments["time_limit"]),
+        "skip_nonfinite_updates": state.skip_nonfinite_updates,
+        "dataloader_len": state.dataloader_len,
+        "versions": versions(),
+    }
+
+
+def as_list(items: Any) -> list[Any]:
+    """A plugin argument (``algorithms``, ``callbacks``, ``loggers``) as a list: None, one plugin or a sequence."""
+    if items is None:
+        return []
+    return list(items) if isinstance(items, (list, tuple)) else [items]
+
+
+def _describe(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+def public_settings(plugin: Any) -> dict[str, Any]:
+    """A plugin's public scalar settings (its hyperparameters, as far as they are JSON values).
+
+    Example:
+        >>> from composerjax.algorithms import MixUp
+        >>> public_settings(MixUp(alpha=0.3))["alpha"]
+        0.3
+    """
+    settings = {}
+    for name, value in vars(plugin).items():
+        if name.startswith("_"):
+            continue
+        if value is None or isinstance(value, (bool, int, float, str)):
+            settings[name] = value
+        elif isinstance(value, (Time, TimeUnit)):
+            settings[name] = str(value)
+        elif isinstance(value, (tuple, list)) and all(isinstance(v, (bool, int, float, str)) for v in value):
+            settings[name] = list(value)
+    return settings
+
+
+def versions() -> dict[str, str]:
+    """The versions of composerjax and the libraries a run depends on.
+
+    Example:
+        >>> sorted(versions())
+        ['composerjax', 'flax', 'jax', 'optax', 'orbax-checkpoint']
+    """
+    import flax
+    import jax
+    import optax
+    import orbax.checkpoint
+
+    from composerjax import __version__
+
+    return {"composerjax": __version__, "jax": jax.__version__, "flax": flax.__version__, "optax": optax.__version__,
+            "orbax-checkpoint": getattr(orbax.checkpoint, "__version__", "unknown")}

@@ -1,0 +1,155 @@
+"""Stopping early as callbacks: the wall-clock time limit and the signal-triggered save and exit."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+import time
+from typing import Any
+
+from composerjax.core.callback import Callback
+from composerjax.core.state import State
+from composerjax.core.time import Time, TimeUnit
+from composerjax.trainer.interrupt import TrainingInterrupted
+
+__all__ = ["SignalHandler", "TimeLimit", "to_time_limit"]
+
+
+class TimeLimit(Callback):
+    """Stop ``fit`` once this process has trained for ``time_limit``; the checkpoint saver then saves.
+
+    The Trainer installs one from its ``time_limit`` argument. The budget counts from the first
+    ``FIT_START``; it is checked after every batch (or grouped call), and with several processes
+    any process's spent budget stops them all at the same batch. ``trainer.stop_reason`` is then
+    ``'time_limit'``; a new run with ``autoresume=True`` continues.
+
+    Args:
+        time_limit: ``'2h30m'``, ``'45m'``, ``'90s'``, or seconds.
+
+    Example::
+
+        trainer = Trainer(model, loader, max_duration="100ep", save_folder="ckpt", callbacks=[TimeLimit("2h")])
+    """
+
+    accepts_grouped_batches = True
+    trace_actions = True
+    in_checkpoints = False  # nothing to resume: the trainer's arguments configure it again
+
+    def __init__(self, time_limit: Time | str | int | float) -> None:
+        self.seconds = to_time_limit(time_limit)
+        self._started: float | None = None
+        self._request: Any = None
+
+    def attach_trainer(self, trainer: Any) -> None:
+        """Ask ``trainer`` to stop when the budget is spent."""
+        self._request = trainer.request_stop
+
+    def fit_start(self, state: State, logger: Any) -> None:
+        if self._started is None:
+            self._started = time.perf_counter()
+
+    def batch_end(self, state: State, logger: Any) -> bool:
+        if self._started is None or time.perf_counter() - self._started < self.seconds:
+            return False
+        self._request(time_limit=True)
+        return True
+
+
+class SignalHandler(Callback):
+    """During ``fit``, SIGTERM and SIGINT stop training after the current step, save, and exit.
+
+    The Trainer installs one unless ``handle_signals=False``. The handlers are installed at
+    ``FIT_START`` (main thread only) and restored at ``FIT_END`` or when ``fit`` fails. At
+    ``FIT_END`` (after the checkpoint saver has saved and verified the last checkpoint) it closes
+    the trainer and raises :class:`~composerjax.trainer.interrupt.TrainingInterrupted`, whose exit
+    status is ``128 + signal``. A second signal while stopping interrupts at once.
+
+    Example::
+
+        trainer = Trainer(model, loader, max_duration="10ep", save_folder="ckpt")  # installed by default
+    """
+
+    trace_actions = True
+    in_checkpoints = False  # nothing to resume: the trainer's arguments configure it again
+
+    def __init__(self) -> None:
+        self._trainer: Any = None
+        self._signal: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def attach_trainer(self, trainer: Any) -> None:
+        """Report signals to ``trainer`` and exit through it."""
+        self._trainer = trainer
+
+    def fit_start(self, state: State, logger: Any) -> None:
+        self._signal = None
+        if self._previous or threading.current_thread() is not threading.main_thread():
+            return
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            try:
+                self._previous[signum] = signal.signal(signum, self._on_signal)
+            except (ValueError, OSError):  # not allowed here (embedded interpreters)
+                pass
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        if self._signal is not None:  # a second signal: stop now, without saving
+            raise TrainingInterrupted(signum, saved_batch=None)
+        self._signal = signum
+        self._trainer.request_stop(signum=signum)
+
+    def restore(self) -> None:
+        """Put back the handlers that were there before ``fit``."""
+        previous, self._previous = self._previous, {}
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+    def fit_end(self, state: State, logger: Any) -> bool:
+        self.restore()
+        decision = self._trainer.stop_decision
+        if decision is None or not decision.signum:
+            return False
+        signum = decision.signum
+        name = signal.Signals(signum).name
+        self._trainer.stop_reason = name
+        checkpointer = self._trainer.checkpointer
+        saved = None
+        if checkpointer is not None:
+            checkpointer.wait()  # raises CheckpointSaveError if the save did not reach the disk
+            saved = checkpointer.last_saved
+            _print(f"{name}: saved checkpoint {saved} in {checkpointer.folder}; exiting with status {128 + signum}")
+        else:
+            _print(f"{name}: no save_folder, so no checkpoint; exiting with status {128 + signum}")
+        self._trainer.close()
+        raise TrainingInterrupted(signum, saved_batch=saved)
+
+    def fit_error(self, state: State, logger: Any, error: BaseException) -> None:
+        self.restore()
+
+
+def to_time_limit(value: Time | str | int | float | None) -> float | None:
+    """``time_limit`` in seconds: a wall-clock Time or string ('2h30m', '45m', '90s'), or seconds.
+
+    Example:
+        >>> to_time_limit('1h30m')
+        5400.0
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise ValueError(f"time_limit={value!r}: expected a wall-clock duration such as '2h30m', '45m' or '90s'")
+    try:
+        limit = value if isinstance(value, Time) else Time.from_input(value, TimeUnit.SECOND)
+    except ValueError as error:
+        raise ValueError(f"time_limit={value!r}: {error}") from error
+    if limit.unit != TimeUnit.SECOND or limit.value <= 0:
+        raise ValueError(f"time_limit={value!r}: expected a positive wall-clock duration such as '2h30m', '45m' or "
+                         "'90s'")
+    return float(limit.value)
+
+
+def _print(text: str) -> None:
+    """Print above any active progress bar instead of through it."""
+    from tqdm import tqdm
+
+    tqdm.write(text, file=sys.stdout)
