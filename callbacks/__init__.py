@@ -20,8 +20,15 @@ from composerjax.callbacks.system_metrics_monitor import SystemMetricsMonitor
 from composerjax.callbacks.threshold_stopper import ThresholdStopper
 from composerjax.callbacks.trace_recorder import TraceRecorder
 
+# The Trainer's own built-ins (installed from its arguments; pass an instance to configure one yourself).
+from composerjax.trainer.checkpoint_saver import CheckpointSaver
+from composerjax.trainer.eval_runner import EvalRunner
+from composerjax.trainer.stopping import SignalHandler, TimeLimit
+
 __all__ = [
     "ActivationMonitor",
+    "CheckpointSaver",
+    "EvalRunner",
     "EarlyStopper",
     "ImageVisualizer",
     "LRMonitor",
@@ -31,9 +38,11 @@ __all__ = [
     "OptimizerMonitor",
     "Profiler",
     "RuntimeEstimator",
+    "SignalHandler",
     "SpeedMonitor",
     "SystemMetricsMonitor",
     "ThresholdStopper",
+    "TimeLimit",
     "TraceRecorder",
     "activation_statistics",
 ]

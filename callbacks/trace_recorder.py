@@ -209,7 +209,7 @@ class TraceRecorder(LoggerDestination):
             # Algorithms recorded together ran back to back, the last one ending when they were recorded.
             for trace in reversed(spans):
                 start = end - (trace.duration_s or 0.0)
-                events.append({**_span(trace.key, "algorithm", _ALGORITHMS, start, trace.duration_s or 0.0, {
+                events.append({**_span(trace.key, trace.kind, _ALGORITHMS, start, trace.duration_s or 0.0, {
                     "event": trace.event.name, "batch": trace.batch, "order": trace.order,
                     "exit_code": trace.exit_code}), "pid": pid, "ts": self._micros(start)})
                 end = start

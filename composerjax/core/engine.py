@@ -340,7 +340,8 @@ def _traced_listener(callback: Callback, event: Event, listener: Callable[[State
     def traced(state: State, logger_: Any) -> None:
         start = time.perf_counter()
         if listener(state, logger_):
-            trace = Trace(name, event, None, 0, True, False, state.timestamp.batch, time.perf_counter() - start)
+            trace = Trace(name, event, None, 0, True, False, state.timestamp.batch, time.perf_counter() - start,
+                          "callback")
             trace_log.append(trace)
             log_traces = getattr(logger, "log_traces", None)
             if log_traces is not None:

@@ -68,7 +68,6 @@ class State:
         callbacks: Sequence[Callback] = (),
         dataloader: Any = None,
         dataloader_len: int | None = None,
-        evaluators: Sequence[Any] = (),
         precision: str = "fp32",
         run_name: str = "run",
         mesh: jax.sharding.Mesh | None = None,
@@ -83,13 +82,11 @@ class State:
         self.callbacks: list[Callback] = list(callbacks)
         self.dataloader = dataloader
         self.dataloader_len = dataloader_len
-        self.evaluators = list(evaluators)
         self.precision = precision
         self.run_name = run_name
         #: The run folder for files (traces, profiles, logs): ``runs/<run_name>`` unless given.
         self.run_dir = f"runs/{run_name}"
         self.mesh = mesh
-        self.shardings: Any = None
         self.timestamp = Timestamp()
         self.batch: Any = None
         self.outputs: Any = None

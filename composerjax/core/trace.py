@@ -23,6 +23,8 @@ class Trace:
         batch: the training batch index (``timestamp.batch``) when it ran.
         duration_s: wall time of ``apply`` on host events; ``None`` for traced events, whose work
             is fused into the compiled step.
+        kind: ``'algorithm'``, or ``'callback'`` for a callback that records its actions
+            (``Callback.trace_actions``: the trainer's checkpoint saves and evaluations).
 
     Example:
         >>> Trace('LabelSmoothing', Event.BEFORE_LOSS, run=True, order=0, traced=True).key
@@ -37,6 +39,7 @@ class Trace:
     traced: bool = False
     batch: int = 0
     duration_s: float | None = None
+    kind: str = "algorithm"
 
     @property
     def key(self) -> str:
@@ -54,4 +57,5 @@ class Trace:
             "traced": self.traced,
             "batch": self.batch,
             "duration_s": self.duration_s,
+            "kind": self.kind,
         }

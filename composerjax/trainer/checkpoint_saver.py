@@ -145,7 +145,7 @@ def _save_interval(value: Time | str | int) -> Time:
     except ValueError as error:
         raise ValueError(f"save_interval={value!r}: {error}") from error
     if interval.unit not in (TimeUnit.EPOCH, TimeUnit.BATCH) or interval.value < 1:
-        raise ValueError(f"save_interval={interval}: expected a positive number of epochs or batches, e.g. "
+        raise ValueError(f"save_interval={value!r}: expected a positive number of epochs or batches, e.g. "
                          "'1ep' or '500ba'")
     return interval
 

@@ -83,9 +83,10 @@ def test_traces_jsonl_holds_every_host_and_traced_algorithm_run_once_in_order(re
     evaluations = [t for t in everything if t["name"] == "EvalRunner"]
     assert [(t["event"], t["batch"]) for t in evaluations] == [("epoch_end", 4), ("epoch_end", 8)]
     assert all(t["duration_s"] > 0 for t in evaluations)
-    assert len(spans(timeline, "EvalRunner/EPOCH_END")) == 2
+    assert len(spans(timeline, "EvalRunner/EPOCH_END", category="callback")) == 2
     traces = [t for t in everything if t["name"] != "EvalRunner"]
     assert len(traces) == 8 * 5
+    assert {t["kind"] for t in evaluations} == {"callback"} and {t["kind"] for t in traces} == {"algorithm"}
     first_batch = [(t["name"], t["event"], t["order"], t["traced"]) for t in traces if t["batch"] == 0]
     assert first_batch == [("HostSleep", "after_dataloader", 0, False), ("AddOne", "before_loss", 0, True),
                            ("AddTwo", "before_loss", 1, True), ("AddTwo", "after_loss", 0, True),
