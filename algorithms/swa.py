@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from composerjax import Algorithm, Event, Logger, State, Time, TimeUnit
+from composerjax import Algorithm, Event, Logger, State, Time, Timestamp, TimeUnit
 from composerjax.algorithms.schedule_times import after_this_batch, parse_schedule_time, reached
 
 __all__ = ["SWA", "swa_update"]
@@ -130,16 +130,47 @@ class SWA(Algorithm):
     events = frozenset({Event.AFTER_TRAIN_BATCH, Event.BATCH_END, Event.EPOCH_END})
 
     def match(self, event: Event, state: State) -> bool:
-        """Update inside the window on every ``update_interval``; swap the average in at ``swa_end``."""
-        if self._completed:
-            return False
+        """Update inside the window on every ``update_interval``; swap the average in at ``swa_end``.
+
+        For batch intervals the answer is a function of the clock alone (when the window closed,
+        how many batches it has seen), so ``composerjax explain`` predicts it without applying.
+        """
         by_batch = self.update_interval.unit == TimeUnit.BATCH
+        if self._completed and not by_batch:
+            return False
+        done = state.timestamp.batch
         if event == Event.AFTER_TRAIN_BATCH:
-            return (by_batch and self._window_steps % self.update_interval.value == 0
+            return (by_batch and not self._completed_by(done, state)
+                    and self._window_steps_by(done, state) % self.update_interval.value == 0
                     and reached(self.swa_start, after_this_batch(state), state))
-        if (event == Event.BATCH_END and by_batch) or (event == Event.EPOCH_END and not by_batch):
+        if event == Event.BATCH_END and by_batch:
+            return not self._completed_by(done - 1, state) and reached(self.swa_start, state.timestamp, state)
+        if event == Event.EPOCH_END and not by_batch:
             return reached(self.swa_start, state.timestamp, state)
         return False
+
+    def _at_batch_end(self, batch: int, state: State) -> Timestamp:
+        """The clock as ``BATCH_END`` of batch ``batch`` saw it (its epoch not closed yet)."""
+        per_epoch = state.dataloader_len
+        epoch = (batch - 1) // per_epoch if per_epoch else state.timestamp.epoch
+        return Timestamp(epoch=epoch, batch=batch)
+
+    def _completed_by(self, batch: int, state: State) -> bool:
+        """Whether the window closed (``swa_end`` reached) at a ``BATCH_END`` up to batch ``batch``."""
+        return self._completed or (batch >= 1 and reached(self.swa_end, self._at_batch_end(batch, state), state))
+
+    def _window_steps_by(self, batch: int, state: State) -> int:
+        """How many ``BATCH_END``\ s up to batch ``batch`` fell inside the window (Composer's step counter)."""
+        if self.update_interval.value == 1:
+            return 0  # every batch: the count does not matter
+        low, high = 1, batch + 1  # the first batch whose BATCH_END is in the window (reached is monotonic)
+        while low < high:
+            middle = (low + high) // 2
+            if reached(self.swa_start, self._at_batch_end(middle, state), state):
+                high = middle
+            else:
+                low = middle + 1
+        return max(0, batch - low + 1)
 
     def apply(self, event: Event, state: State, logger: Logger) -> None:
         """Update the running mean; at ``swa_end`` replace the weights by it."""

@@ -80,7 +80,7 @@ def test_traces_of_host_events_are_written_per_batch(file_run):
     assert [row["step"] for row in trace_rows] == [0, 1, 2, 3, 4, 5]
     assert trace_rows[2]["traces"] == [{"name": "CountBatchStarts", "event": "batch_start", "exit_code": 3,
                                         "order": 0, "run": True, "traced": False, "batch": 2,
-                                        "duration_s": trace_rows[2]["traces"][0]["duration_s"]}]
+                                        "duration_s": trace_rows[2]["traces"][0]["duration_s"], "kind": "algorithm"}]
 
 
 def test_tables_are_written_with_columns_and_plain_rows(file_run):

@@ -178,6 +178,10 @@ def test_groups_stop_exactly_at_each_save_and_eval_the_built_ins_say_are_due(tmp
     assert evals == [8, 16]
     assert listener.seen == list(range(1, 21))  # every batch's BATCH_END, grouped or not
     assert sorted(int(p.name) for p in tmp_path.iterdir() if p.name.isdigit()) == [4, 8, 12, 16, 20]
+    for step in (4, 8, 12, 16):  # each save holds the state right after its batch, not the end of a group
+        loaded, _ = make(1, "2ep", load_path=str(tmp_path / str(step)))
+        assert int(loaded.state.train_state.clock[0]) == loaded.state.timestamp.batch == step
+        loaded.close()
     # The same run one step per call: the same saves and evals.
     single, _ = make(1, "2ep", save_folder=str(tmp_path / "single"), save_interval="4ba",
                      eval_dataloader=ArrayLoader((X, Y), batch_size=40), eval_interval="8ba")
@@ -215,3 +219,18 @@ def test_grouping_blocked_by_names_the_plugins_that_must_act_between_batches(cap
     assert trainer.state.run_summary["grouping_blocked_by"] == ["Listener"]
     assert "steps_per_call=4: grouping blocked by Listener" in capsys.readouterr().out
     assert grouped_calls(trainer) == 0
+
+
+def test_speed_monitor_keeps_grouping_and_logs_a_rate_for_every_batch_after_its_window():
+    from composerjax.callbacks import SpeedMonitor
+
+    trainer, memory = make(4, "1ep", callbacks=[SpeedMonitor(window_size=4)])
+    assert trainer.grouping_blocked_by == []
+    trainer.fit()
+    assert grouped_calls(trainer) == 1
+    rates = logged(memory, "throughput/samples_per_sec")
+    single, single_memory = make(1, "1ep", callbacks=[SpeedMonitor(window_size=4)])
+    single.fit()
+    assert [step for step, _ in rates] == [step for step, _ in logged(single_memory, "throughput/samples_per_sec")]
+    assert [step for step, _ in rates] == list(range(5, 11))
+    assert all(rate > 0 for _, rate in rates)
