@@ -160,7 +160,7 @@ class SWA(Algorithm):
         return self._completed or (batch >= 1 and reached(self.swa_end, self._at_batch_end(batch, state), state))
 
     def _window_steps_by(self, batch: int, state: State) -> int:
-        """How many ``BATCH_END``\ s up to batch ``batch`` fell inside the window (Composer's step counter)."""
+        r"""How many ``BATCH_END``\ s up to batch ``batch`` fell inside the window (Composer's step counter)."""
         if self.update_interval.value == 1:
             return 0  # every batch: the count does not matter
         low, high = 1, batch + 1  # the first batch whose BATCH_END is in the window (reached is monotonic)
