@@ -25,7 +25,7 @@ import dataclasses
 from typing import Any
 
 from composerjax.core.event import EVAL_STEP_EVENTS, TRACED_EVENTS, TRAIN_STEP_EVENTS, Event
-from composerjax.core.lifecycle import EVAL_BATCH, EVAL_CLOSE, EVAL_OPEN, STEP, walk_fit
+from composerjax.core.lifecycle import BATCH, EVAL_BATCH, EVAL_CLOSE, EVAL_OPEN, STEP, walk_fit
 from composerjax.core.state import instance_names
 from composerjax.core.time import TimeUnit
 
@@ -224,6 +224,9 @@ class _Prediction:
         state = self.state
         state.timestamp = state.timestamp.to_next_batches(count - 1, self.batch_size * (count - 1), 0, 0.0)
         return True
+
+    def batch_points(self) -> tuple[Any, ...]:
+        return BATCH
 
     def next_batch(self) -> bool:
         return True

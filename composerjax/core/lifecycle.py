@@ -14,20 +14,23 @@ from typing import Protocol
 
 from composerjax.core.event import Event
 
-__all__ = ["BATCH", "EPOCH_CLOSE", "EVAL_BATCH", "EVAL_CLOSE", "EVAL_OPEN", "PREDICT_BATCH", "PREDICT_CLOSE",
+__all__ = ["BATCH", "FETCH", "EPOCH_CLOSE", "EVAL_BATCH", "EVAL_CLOSE", "EVAL_OPEN", "PREDICT_BATCH", "PREDICT_CLOSE",
            "PREDICT_OPEN", "STEP", "FitDriver", "walk_fit"]
 
 #: Where the compiled step runs inside :data:`BATCH` and :data:`EVAL_BATCH`.
 STEP = "step"
+#: Where the next batch is taken from the loader inside :data:`BATCH`.
+FETCH = "fetch"
 
-#: One training batch, in order: the host events around the compiled step (its traced events run
-#: inside it). The timestamp moves to the next batch between ``STEP`` and ``BATCH_END``.
-BATCH: tuple[Event | str, ...] = (Event.BEFORE_DATALOADER, Event.AFTER_DATALOADER, Event.BATCH_START, STEP,
+#: One training batch, in order: the host events around the loader and the compiled step (its
+#: traced events run inside it). The timestamp moves to the next batch between ``STEP`` and
+#: ``BATCH_END``.
+BATCH: tuple[Event | str, ...] = (Event.BEFORE_DATALOADER, FETCH, Event.AFTER_DATALOADER, Event.BATCH_START, STEP,
                                   Event.BATCH_END, Event.BATCH_CHECKPOINT)
 
 #: The host events of a batch before the step, and after it.
-BEFORE_STEP: tuple[Event, ...] = BATCH[:3]  # type: ignore[assignment]
-AFTER_STEP: tuple[Event, ...] = BATCH[4:]  # type: ignore[assignment]
+BEFORE_STEP: tuple[Event, ...] = (Event.BEFORE_DATALOADER, Event.AFTER_DATALOADER, Event.BATCH_START)
+AFTER_STEP: tuple[Event, ...] = (Event.BATCH_END, Event.BATCH_CHECKPOINT)
 #: Every host event of a training batch.
 BATCH_HOST_EVENTS: tuple[Event, ...] = BEFORE_STEP + AFTER_STEP
 
@@ -62,6 +65,9 @@ class FitDriver(Protocol):
 
     def group(self) -> int:
         """How many batches the next compiled call may run at once (0 or 1: one batch, with its events)."""
+
+    def batch_points(self) -> tuple[Event | str, ...]:
+        """:data:`BATCH`, or the part of it that can do anything now (``FETCH`` and ``STEP`` always)."""
 
     def train_group(self, count: int) -> bool:
         """Run ``count`` batches as one call; False if the data ran out first."""
@@ -105,12 +111,13 @@ def walk_fit(driver: FitDriver) -> None:
                     break
             else:
                 ran = True
-                for point in BATCH:  # the batch is fetched between BEFORE_ and AFTER_DATALOADER
+                for point in driver.batch_points():
                     if point is STEP:
                         driver.train_step()
-                    elif point is Event.AFTER_DATALOADER and not driver.next_batch():
-                        ran = False
-                        break
+                    elif point is FETCH:
+                        if not driver.next_batch():
+                            ran = False
+                            break
                     else:
                         driver.event(point)  # type: ignore[arg-type]
                 if not ran:

@@ -184,7 +184,7 @@ class StepRunner:
         if self.auto_microbatch:
             self._choose_microbatch(plan, batch)
         step = builder.train_step(plan)
-        samples = batch_size_of(batch)
+        samples = (batch[0] if type(batch) is tuple else jax.tree.leaves(batch)[0]).shape[0]
         host_batch = batch
         if self.multi_process:
             batch = global_batch(batch, self.batch_sharding)

@@ -10,7 +10,7 @@ import numpy as np
 
 from composerjax.core.callback import overridden_events
 from composerjax.core.event import Event
-from composerjax.core.lifecycle import BATCH, BATCH_HOST_EVENTS, STEP
+from composerjax.core.lifecycle import BATCH, BATCH_HOST_EVENTS, FETCH, STEP
 from composerjax.core.time import TimeUnit
 from composerjax.parallel.heartbeat import heartbeat
 from composerjax.step.runner import batch_size_of
@@ -96,6 +96,7 @@ class FitLoop:
         self.iterator: Any = None
         self._flags: Any = None
         self._skip: frozenset[Event] = frozenset()
+        self._points: tuple[Event | str, ...] = BATCH
         self._plan: Any = None
         self._blocked: tuple[Any, list[str]] = ((), [])
 
@@ -109,6 +110,11 @@ class FitLoop:
         if flags is not self._flags:  # the engine hands back the same tuple while nothing changed
             self._flags = flags
             self._skip = frozenset(e for e, active in zip(BATCH_HOST_EVENTS, flags) if not active)
+            self._points = tuple(point for point in BATCH if point not in self._skip)
+
+    def batch_points(self) -> tuple[Event | str, ...]:
+        """The batch's points that can do anything now: the events something listens to or may match."""
+        return self._points
 
     # -- where we are ----------------------------------------------------------------------------
     def done(self) -> bool:
@@ -239,10 +245,10 @@ class FitLoop:
 
     def _walk_batch(self, step: Any) -> None:
         """One batch's host events in lifecycle order, with ``step`` where the compiled step goes."""
-        for point in BATCH:
+        for point in self._points:
             if point is STEP:
                 step()
-            else:
+            elif point is not FETCH:  # the batch was fetched with its group
                 self.event(point)  # type: ignore[arg-type]
 
     # -- stopping --------------------------------------------------------------------------------
