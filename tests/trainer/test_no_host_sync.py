@@ -169,7 +169,9 @@ def queue_steps(trainer: Trainer, queued: QueuedSteps, steps: int = 8) -> list[b
     queued.ready.clear()
     trainer.fit(f"{steps}ba")
     ready = queued.ready[-1]
-    jax.block_until_ready(trainer.state.train_state)
+    # Wait for the losses themselves: each output buffer of a step becomes ready on its own event, so
+    # the train state being ready does not mean, at that same instant, that the loss is (seen under load).
+    jax.block_until_ready((trainer.state.train_state, queued.losses))
     assert len(ready) == steps
     assert all(loss.is_ready() for loss in queued.losses)  # readiness is visible to the probe
     return ready
