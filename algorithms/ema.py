@@ -2,7 +2,7 @@
 
 The functional form is :func:`compute_ema` (``optax.incremental_update``). :class:`EMA` keeps the
 averaged weights in its device state, updates them inside the compiled step at
-``AFTER_TRAIN_BATCH`` (batch intervals) or on the host at ``EPOCH_END`` (epoch intervals), and
+``AFTER_OPTIMIZER_STEP`` (batch intervals) or on the host at ``EPOCH_END`` (epoch intervals), and
 swaps them in for evaluation. As in Composer, the trained weights stay in the model after ``fit``;
 read the averaged ones with :meth:`EMA.ema_params`.
 """
@@ -73,7 +73,7 @@ class EMA(Algorithm):
 
     Events: the average lives in the device state ``state.algorithm_state['EMA']``
     (``{'params': ..., 'started': ...}``, initialised with a copy of the initial weights).
-    Batch intervals update it inside the compiled step at ``AFTER_TRAIN_BATCH`` (traced; the update
+    Batch intervals update it inside the compiled step at ``AFTER_OPTIMIZER_STEP`` (traced; the update
     batches are chosen on the host in ``match``, so at most two compiled steps); epoch intervals
     update it on the host at ``EPOCH_END``. At ``EVAL_START`` (host) the averaged weights replace
     ``state.params`` and at ``EVAL_END`` the trained ones come back, bit for bit (evaluation before
@@ -150,12 +150,12 @@ class EMA(Algorithm):
         return state.algorithm_state[self.name]["params"]
 
     # -- events ----------------------------------------------------------------------------------
-    events = frozenset({Event.AFTER_TRAIN_BATCH, Event.BATCH_END, Event.EPOCH_END, Event.EVAL_START, Event.EVAL_END,
+    events = frozenset({Event.AFTER_OPTIMIZER_STEP, Event.BATCH_END, Event.EPOCH_END, Event.EVAL_START, Event.EVAL_END,
                         Event.BATCH_START})
 
     def match(self, event: Event, state: State) -> bool:
-        """Update at ``AFTER_TRAIN_BATCH`` / ``EPOCH_END`` on update times; swap around evaluation."""
-        if event == Event.AFTER_TRAIN_BATCH:
+        """Update at ``AFTER_OPTIMIZER_STEP`` / ``EPOCH_END`` on update times; swap around evaluation."""
+        if event == Event.AFTER_OPTIMIZER_STEP:
             if self.update_interval.unit != TimeUnit.BATCH:
                 return False
             # Every batch from the start (the default): no clock arithmetic on the per-batch path.
@@ -196,7 +196,7 @@ class EMA(Algorithm):
 
     def apply(self, event: Event, state: State, logger: Logger) -> None:
         """Update the average, or swap the averaged weights in and out around evaluation."""
-        if event == Event.AFTER_TRAIN_BATCH:  # traced
+        if event == Event.AFTER_OPTIMIZER_STEP:  # traced
             state.algorithm_state[self.name] = _update(state.algorithm_state[self.name], state.params, self.smoothing)
         elif event == Event.BATCH_END:
             self._started = True  # the step that just ran made the first update

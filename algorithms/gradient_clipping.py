@@ -1,10 +1,11 @@
 """Gradient clipping: bound the gradient by its global norm, its values, or unit-wise against the weights.
 
 The functional form is :func:`clip_gradients` (built on optax's ``clip_by_global_norm``, ``clip`` and
-``adaptive_grad_clip``); :class:`GradientClipping` puts the same optax transform in front of the
-trainer's optimizer at ``INIT``. Clipping inside the optimizer sees the whole batch's gradient, so
-the result is the same with or without ``device_train_microbatch_size`` (clipping at
-``AFTER_BACKWARD`` would clip each microbatch's gradient instead).
+``adaptive_grad_clip``); :class:`GradientClipping` applies it to ``state.grads`` at
+``AFTER_TRAIN_BATCH``, as Composer does: inside the compiled step, after the gradients of every
+microbatch are accumulated and before the optimizer update, so the result is the same with or
+without ``device_train_microbatch_size`` (clipping at ``AFTER_BACKWARD`` would clip each
+microbatch's gradient instead).
 """
 
 from __future__ import annotations
@@ -79,9 +80,9 @@ def clip_gradients(grads: Any, params: Any, clipping_type: str = "norm", clippin
 class GradientClipping(Algorithm):
     """Clip the whole batch's gradient before every optimizer update.
 
-    At ``INIT`` (a host event, before the optimizer state is built) the trainer's optimizer becomes
-    ``optax.chain(clipping_transform(...), optimizer)``. Nothing runs per step on the host, nothing
-    changes the plan, and the clipping sees the full-batch gradient even with microbatching.
+    At ``AFTER_TRAIN_BATCH`` (traced, Composer's event) ``state.grads``, the whole batch's
+    gradient, is replaced by its clipped value, which the optimizer then applies. It matches every
+    batch, so the step compiles once; nothing runs per step on the host.
 
     Args:
         clipping_type: ``'norm'`` (clip the global L2 norm), ``'value'`` (clip each element) or
@@ -105,12 +106,11 @@ class GradientClipping(Algorithm):
         self.clipping_type = clipping_type
         self.clipping_threshold = float(clipping_threshold)
 
-    events = frozenset({Event.INIT})
+    events = frozenset({Event.AFTER_TRAIN_BATCH})
 
     def apply(self, event: Event, state: State, logger: Logger) -> None:
-        """Chain the clipping transform in front of ``state.optimizer``."""
-        clip = clipping_transform(self.clipping_type, self.clipping_threshold)
-        state.optimizer = optax.chain(clip, state.optimizer)
+        """Clip ``state.grads`` (traced) before the optimizer applies them."""
+        state.grads = clip_gradients(state.grads, state.params, self.clipping_type, self.clipping_threshold)
 
     def __repr__(self) -> str:
         return f"GradientClipping(clipping_type={self.clipping_type!r}, clipping_threshold={self.clipping_threshold})"

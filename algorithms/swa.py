@@ -2,7 +2,7 @@
 
 The functional form is :func:`swa_update` (a running mean with ``optax.incremental_update``).
 :class:`SWA` keeps the average in its device state, updates it between ``swa_start`` and
-``swa_end`` (inside the compiled step at ``AFTER_TRAIN_BATCH`` for batch intervals, on the host at
+``swa_end`` (inside the compiled step at ``AFTER_OPTIMIZER_STEP`` for batch intervals, on the host at
 ``EPOCH_END`` for epoch intervals) and, when ``swa_end`` is reached, replaces the trained weights
 by the average; training then goes on from the averaged weights until ``max_duration``, as in
 Composer.
@@ -63,7 +63,7 @@ class SWA(Algorithm):
 
     Events: the average lives in the device state ``state.algorithm_state['SWA']``
     (``{'params': ..., 'count': ...}``). Batch intervals update it inside the compiled step at
-    ``AFTER_TRAIN_BATCH`` (traced; the update batches are chosen on the host in ``match``, so at
+    ``AFTER_OPTIMIZER_STEP`` (traced; the update batches are chosen on the host in ``match``, so at
     most two compiled steps) and swap it in at ``BATCH_END``; epoch intervals update and swap on the
     host at ``EPOCH_END``.
 
@@ -127,7 +127,7 @@ class SWA(Algorithm):
         return {"params": jax.tree.map(jnp.zeros_like, params), "count": jnp.zeros((), jnp.int32)}
 
     # -- events ----------------------------------------------------------------------------------
-    events = frozenset({Event.AFTER_TRAIN_BATCH, Event.BATCH_END, Event.EPOCH_END})
+    events = frozenset({Event.AFTER_OPTIMIZER_STEP, Event.BATCH_END, Event.EPOCH_END})
 
     def match(self, event: Event, state: State) -> bool:
         """Update inside the window on every ``update_interval``; swap the average in at ``swa_end``.
@@ -139,7 +139,7 @@ class SWA(Algorithm):
         if self._completed and not by_batch:
             return False
         done = state.timestamp.batch
-        if event == Event.AFTER_TRAIN_BATCH:
+        if event == Event.AFTER_OPTIMIZER_STEP:
             return (by_batch and not self._completed_by(done, state)
                     and self._window_steps_by(done, state) % self.update_interval.value == 0
                     and reached(self.swa_start, after_this_batch(state), state))
@@ -174,7 +174,7 @@ class SWA(Algorithm):
 
     def apply(self, event: Event, state: State, logger: Logger) -> None:
         """Update the running mean; at ``swa_end`` replace the weights by it."""
-        if event == Event.AFTER_TRAIN_BATCH:  # traced
+        if event == Event.AFTER_OPTIMIZER_STEP:  # traced
             state.algorithm_state[self.name] = _update(state.algorithm_state[self.name], state.params)
             return
         if event == Event.EPOCH_END and self._window_steps % self.update_interval.value == 0:

@@ -48,10 +48,10 @@ def l2_norms(tree: Any, kind: str, per_parameter: bool = True) -> dict[str, jax.
 class OptimizerMonitor(Callback):
     """Log L2 norms of the gradient, the parameters and the optimizer's update, globally and per parameter.
 
-    The norms are computed inside the compiled step, at ``AFTER_TRAIN_BATCH`` (after the optimizer
-    update, where ``state.grads`` is the whole batch's gradient even with microbatches and after any
-    clipping at ``AFTER_BACKWARD``), and leave through ``state.step_metrics``; the trainer fetches
-    them with the loss and logs them as ``train/<name>``:
+    The norms are computed inside the compiled step, at ``AFTER_OPTIMIZER_STEP`` (after the optimizer
+    update, where ``state.grads`` is the whole batch's gradient even with microbatches, as the
+    optimizer applied it: after any clipping at ``AFTER_TRAIN_BATCH``), and leave through
+    ``state.step_metrics``; the trainer fetches them with the loss and logs them as ``train/<name>``:
 
     ===========================================  ===================================================
     ``train/l2_norm/grad/global``                norm of the whole gradient (``optax.global_norm``)
@@ -95,11 +95,11 @@ class OptimizerMonitor(Callback):
 
     # -- inside the compiled step ----------------------------------------------------------------
     def after_backward(self, state: State, logger: Logger) -> None:
-        # The parameters the optimizer is about to update (traced; dropped at AFTER_TRAIN_BATCH).
+        # The parameters the optimizer is about to update (traced; dropped at AFTER_OPTIMIZER_STEP).
         if self.log_optimizer_metrics:
             self._params_before_update = state.params
 
-    def after_train_batch(self, state: State, logger: Logger) -> None:
+    def after_optimizer_step(self, state: State, logger: Logger) -> None:
         grads, params, before = state.grads, state.params, self._params_before_update
         self._params_before_update = None
 

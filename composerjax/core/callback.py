@@ -116,7 +116,10 @@ class Callback:
         """Called at ``Event.AFTER_BACKWARD``."""
 
     def after_train_batch(self, state: State, logger: Logger) -> None:
-        """Called at ``Event.AFTER_TRAIN_BATCH``."""
+        """Called at ``Event.AFTER_TRAIN_BATCH`` (traced: the whole batch's gradients, before the update)."""
+
+    def after_optimizer_step(self, state: State, logger: Logger) -> None:
+        """Called at ``Event.AFTER_OPTIMIZER_STEP`` (traced: right after the update, new ``state.params``)."""
 
     def batch_end(self, state: State, logger: Logger) -> None:
         """Called at ``Event.BATCH_END``."""
@@ -162,6 +165,12 @@ class Callback:
 
     def eval_after_all(self, state: State, logger: Logger) -> None:
         """Called at ``Event.EVAL_AFTER_ALL``."""
+
+    def eval_standalone_start(self, state: State, logger: Logger) -> None:
+        """Called at ``Event.EVAL_STANDALONE_START`` (a ``Trainer.eval()`` called by the user)."""
+
+    def eval_standalone_end(self, state: State, logger: Logger) -> None:
+        """Called at ``Event.EVAL_STANDALONE_END``."""
 
     def predict_start(self, state: State, logger: Logger) -> None:
         """Called at ``Event.PREDICT_START``."""

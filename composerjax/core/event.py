@@ -12,9 +12,17 @@ class Event(str, Enum):
     """A point in the training, evaluation or prediction lifecycle, in the order they occur.
 
     Values are the lower-case names, so ``Event('before_loss')``, ``Event('BEFORE_LOSS')`` and
-    ``Event.BEFORE_LOSS`` are the same member. Events between ``BEFORE_TRAIN_BATCH`` and
-    ``AFTER_TRAIN_BATCH`` (and the forward events of eval and predict) are *traced*: they run inside
-    the compiled step, where the state holds tracers.
+    ``Event.BEFORE_LOSS`` are the same member. Events from ``BEFORE_TRAIN_BATCH`` to
+    ``AFTER_OPTIMIZER_STEP`` (and the forward events of eval and predict) are *traced*: they run
+    inside the compiled step, where the state holds tracers.
+
+    The members and their order are Composer's, plus one: ``AFTER_OPTIMIZER_STEP``, a traced hook
+    right after the optimizer update, for algorithms that need the updated parameters inside the
+    step (EMA, SWA). As in Composer, ``AFTER_TRAIN_BATCH`` runs once per batch after the gradients
+    of every microbatch are accumulated and *before* the optimizer update: ``state.grads`` is
+    writable there and is what the optimizer applies. ``EVAL_BEFORE_ALL``/``EVAL_AFTER_ALL``
+    bracket the evaluations run during ``fit``; ``EVAL_STANDALONE_START``/``EVAL_STANDALONE_END``
+    bracket a ``Trainer.eval()`` called by the user.
 
     Example:
         >>> Event('before_loss') is Event.BEFORE_LOSS
@@ -40,6 +48,7 @@ class Event(str, Enum):
     BEFORE_BACKWARD = "before_backward"
     AFTER_BACKWARD = "after_backward"
     AFTER_TRAIN_BATCH = "after_train_batch"
+    AFTER_OPTIMIZER_STEP = "after_optimizer_step"
     BATCH_END = "batch_end"
     BATCH_CHECKPOINT = "batch_checkpoint"
     EPOCH_END = "epoch_end"
@@ -55,6 +64,8 @@ class Event(str, Enum):
     EVAL_BATCH_END = "eval_batch_end"
     EVAL_END = "eval_end"
     EVAL_AFTER_ALL = "eval_after_all"
+    EVAL_STANDALONE_START = "eval_standalone_start"
+    EVAL_STANDALONE_END = "eval_standalone_end"
     PREDICT_START = "predict_start"
     PREDICT_BATCH_START = "predict_batch_start"
     PREDICT_BEFORE_FORWARD = "predict_before_forward"
@@ -119,7 +130,7 @@ _AFTER_EVENTS = frozenset(e for e in Event if "after_" in e.value or e.value.end
 
 #: Events of the train step, in the order the compiled step runs them.
 TRAIN_STEP_EVENTS: tuple[Event, ...] = tuple(
-    _ORDER[_ORDER.index(Event.BEFORE_TRAIN_BATCH) : _ORDER.index(Event.AFTER_TRAIN_BATCH) + 1]
+    _ORDER[_ORDER.index(Event.BEFORE_TRAIN_BATCH) : _ORDER.index(Event.AFTER_OPTIMIZER_STEP) + 1]
 )
 #: Events of the eval step.
 EVAL_STEP_EVENTS: tuple[Event, ...] = (Event.EVAL_BEFORE_FORWARD, Event.EVAL_AFTER_FORWARD)

@@ -285,11 +285,18 @@ class StepBuilder:
             else:
                 grads, rest = self._accumulate(view, params, rest, backward)
 
-            updates, opt_state = self.optimizer.update(grads, train_state.opt_state, params)
-            params = optax.apply_updates(params, updates)
+            # Composer's order: AFTER_TRAIN_BATCH sees the whole batch's gradients before the update,
+            # and the optimizer applies what it leaves in state.grads (GradientClipping clips there).
             view.params, view.grads = params, grads
             view.model = self._merge(graphdef, params, rest)
             run(plan, Event.AFTER_TRAIN_BATCH, view)
+            params, rest = self._split(view.model)
+            grads = view.grads
+            updates, opt_state = self.optimizer.update(grads, train_state.opt_state, params)
+            params = optax.apply_updates(params, updates)
+            view.params = params
+            view.model = self._merge(graphdef, params, rest)
+            run(plan, Event.AFTER_OPTIMIZER_STEP, view)
             params, rest = self._split(view.model)
             algorithm_state = dict(view.algorithm_state)
             if host_state.skip_nonfinite_updates:

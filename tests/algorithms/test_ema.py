@@ -83,7 +83,7 @@ def test_ema_start_and_update_interval_pick_the_update_batches():
     trainer.fit()
     snapshots = [record.history[t - 1] for t in (4, 6, 8)]  # even batch counts from batch 3 on
     assert_tree_close(trainer.state.algorithm_state["EMA"]["params"], numpy_ema(snapshots, 0.5 ** 0.5))
-    updated = [t.batch for t in trainer.engine.trace_log if t.key == "EMA/AFTER_TRAIN_BATCH"]
+    updated = [t.batch for t in trainer.engine.trace_log if t.key == "EMA/AFTER_OPTIMIZER_STEP"]
     assert updated == [3, 5, 7]  # steps counted from 0
     assert trainer.compile_count == 2  # a step with the update, one without
 
@@ -91,7 +91,7 @@ def test_ema_start_and_update_interval_pick_the_update_batches():
 def test_ema_start_as_a_fraction_of_an_epoch_run_starts_mid_epoch():
     trainer = make_trainer([EMA(half_life="4ba", ema_start="0.5dur")], "2ep")  # 8 batches
     trainer.fit()
-    updated = [t.batch for t in trainer.engine.trace_log if t.key == "EMA/AFTER_TRAIN_BATCH"]
+    updated = [t.batch for t in trainer.engine.trace_log if t.key == "EMA/AFTER_OPTIMIZER_STEP"]
     assert updated == [3, 4, 5, 6, 7]  # from the step after which half the run's batches are done
 
 

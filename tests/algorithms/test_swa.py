@@ -34,7 +34,7 @@ class Snapshots(Callback):
         self.trained: list[dict] = []
         self.held: list[dict] = []
 
-    def after_train_batch(self, state, logger):  # traced: hand the updated weights out as step metrics
+    def after_optimizer_step(self, state, logger):  # traced: hand the updated weights out as step metrics
         state.step_metrics["params"] = state.params
 
     def batch_end(self, state, logger):
@@ -87,7 +87,7 @@ def test_batch_interval_average_replaces_the_weights_at_swa_end():
     own = trainer.state.train_state.algorithm_state["SWA"]
     assert int(own["count"]) == 4
     assert_tree_close(own["params"], expected)
-    updated = [t.batch for t in trainer.engine.trace_log if t.key == "SWA/AFTER_TRAIN_BATCH"]
+    updated = [t.batch for t in trainer.engine.trace_log if t.key == "SWA/AFTER_OPTIMIZER_STEP"]
     assert updated == [2, 4, 6, 8]  # steps counted from 0
     assert trainer.compile_count == 2  # a step with the update, one without
 

@@ -133,7 +133,7 @@ class RunningMean(Algorithm):
         return {"mean": jnp.zeros((4, 1)), "count": jnp.zeros((), jnp.int32)}
 
     def match(self, event, state):
-        return event == Event.AFTER_TRAIN_BATCH
+        return event == Event.AFTER_OPTIMIZER_STEP
 
     def apply(self, event, state, logger):
         own = state.algorithm_state[self.name]

@@ -164,16 +164,16 @@ def test_explain_matches_the_order_the_engine_used():
     for steps in ran.values():
         for event, names in steps.items():
             assert [n for n in explained[event] if n in names] == names
-    assert set(explained["AFTER_TRAIN_BATCH"]) == {"EMA", "SWA"}
+    assert set(explained["AFTER_OPTIMIZER_STEP"]) == {"EMA", "SWA"}
     # passes: selective backprop runs first; AFTER_ events run in reverse (first in, last out)
-    assert explained["AFTER_TRAIN_BATCH"][-1] == "EMA"
+    assert explained["AFTER_OPTIMIZER_STEP"][-1] == "EMA"
     moved = {(plan.event, move["pass"]) for plan in explanation.events for move in plan.moved_by}
-    assert ("AFTER_TRAIN_BATCH", "set_filo_order") in moved
+    assert ("AFTER_OPTIMIZER_STEP", "set_filo_order") in moved
     # the plans the walk predicted are the train steps that compiled
     train_compiles = sum(1 for record in trainer.state.compiled_steps if record.kind == "train")
     assert explanation.train_plans == train_compiles == len({tuple(c["algorithms"]) for c in changes}) > 1
     assert explanation.conflicts == []
-    assert "AFTER_TRAIN_BATCH (traced" in explanation.render()
+    assert "AFTER_OPTIMIZER_STEP (traced" in explanation.render()
 
 
 def test_explain_reports_conflicts():
