@@ -137,7 +137,8 @@ class SpeedMonitor(Callback):
         if self.gpu_flops_available is not None:
             self._peak = float(self.gpu_flops_available)
         else:
-            self._peak = peak_flops_per_device(jax.devices()[0].device_kind, state.precision)
+            self._peak = peak_flops_per_device(jax.devices()[0].device_kind,
+                                               "bf16" if "bf16" in state.precision else state.precision)
         self._history.clear()
         self._in_fit = True
         self._mark = perf_counter()
@@ -147,14 +148,14 @@ class SpeedMonitor(Callback):
         if self._mark is not None:
             self.train_wct += now - self._mark
         self._mark = now
-        timestamp = state.timestamp
+        counts = state.timestamp.counts
         flops = self._flops_of_step(state)
         if flops is None:
             self._flops_unknown += 1
         else:
             self._flops_total += flops
         history = self._history
-        history.append((self.train_wct, timestamp.batch, timestamp.sample, timestamp.token, self._flops_total,
+        history.append((self.train_wct, counts.batch, counts.sample, counts.token, self._flops_total,
                         self._flops_unknown))
         metrics: dict[str, float] = {}
         if len(history) == history.maxlen:

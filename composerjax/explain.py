@@ -25,9 +25,8 @@ import dataclasses
 from typing import Any
 
 from composerjax.core.event import EVAL_STEP_EVENTS, TRACED_EVENTS, TRAIN_STEP_EVENTS, Event
-from composerjax.core.lifecycle import BATCH, EVAL_BATCH, EVAL_CLOSE, EVAL_OPEN, STEP, walk_fit
+from composerjax.core.lifecycle import BATCH, EVAL_BATCH, EVAL_CLOSE, EVAL_DURING_FIT, EVAL_OPEN, STEP, walk_fit
 from composerjax.core.state import instance_names
-from composerjax.core.time import TimeUnit
 
 __all__ = ["EventPlan", "Explanation", "explain"]
 
@@ -155,6 +154,9 @@ def _names(algorithms: list[Any]) -> dict[int, str]:
     return {id(a): name for a, name in zip(algorithms, instance_names(algorithms))}
 
 
+_EVAL_AFTER = frozenset({Event.BATCH_END, Event.EPOCH_END, Event.ITERATION_END, Event.FIT_END})
+
+
 class _Prediction:
     """A :class:`~composerjax.core.lifecycle.FitDriver` that asks ``match`` and records, running nothing.
 
@@ -164,6 +166,7 @@ class _Prediction:
     """
 
     def __init__(self, trainer: Any) -> None:
+        from composerjax.core.evaluator import evaluate_periodically
         from composerjax.trainer.eval_runner import EvalRunner
 
         self.state, self.engine = trainer.state, trainer.engine
@@ -174,7 +177,11 @@ class _Prediction:
         self.stride = max(1, -(-self.walk_total // _MAX_WALKED_BATCHES))
         loader = state.dataloader
         self.batch_size = getattr(loader, "global_batch_size", None) or getattr(loader, "batch_size", 0) or 0
-        self.evaluators = [c for c in state.callbacks if isinstance(c, EvalRunner)]
+        # Fresh interval rules (they remember their last evaluation): a prediction must not move the real ones.
+        # A callable interval cannot be predicted without calling user code: it is left out.
+        self.rules = [evaluate_periodically(rule.interval) for runner in state.callbacks
+                      if isinstance(runner, EvalRunner) for rule in map(runner._rule, runner.evaluators)
+                      if hasattr(rule, "interval")]
         self.matched_at: dict[Event, dict[int, Any]] = {event: {} for event in Event}
         self.batches_matched: dict[Event, int] = {event: 0 for event in Event}
         self.plans: list[tuple[int, tuple[str, ...]]] = []
@@ -189,13 +196,11 @@ class _Prediction:
 
     def event(self, event: Event) -> None:
         self._ask(event)
-        timestamp = self.state.timestamp
-        unit, counter = ((TimeUnit.BATCH, timestamp.batch) if event is Event.BATCH_END else
-                         (TimeUnit.EPOCH, timestamp.epoch) if event is Event.EPOCH_END else (None, 0))
-        if unit is not None and any(runner.due(counter, unit) for runner in self.evaluators):
+        if event in _EVAL_AFTER and any([rule(self.state, event) for rule in self.rules]):
             self._evaluation()
 
     def _evaluation(self) -> None:
+        self._ask(EVAL_DURING_FIT[0])
         for event in EVAL_OPEN:
             self._ask(event)
         for point in EVAL_BATCH:  # one batch: every eval batch asks the same
@@ -203,12 +208,22 @@ class _Prediction:
                 self._ask(event)
         for event in EVAL_CLOSE:
             self._ask(event)
+        self._ask(EVAL_DURING_FIT[1])
 
     def done(self) -> bool:
-        return self.state.timestamp.batch >= self.walk_total
+        return self.state.timestamp.counts.batch >= self.walk_total
 
     def at_epoch_start(self) -> bool:
-        return self.state.timestamp.batch_in_epoch == 0
+        return self.state.timestamp.counts.batch_in_epoch == 0
+
+    def at_iteration_start(self) -> bool:
+        timestamp = self.state.timestamp
+        return int(timestamp.epoch_in_iteration) == 0 and int(timestamp.batch_in_epoch) == 0
+
+    def end_iteration(self) -> bool:
+        from composerjax.trainer.fit_loop import end_iteration
+
+        return end_iteration(self.state)
 
     def start_epoch(self) -> None:
         pass
@@ -216,12 +231,13 @@ class _Prediction:
     def group(self) -> int:
         if self.stride == 1:
             return 0
-        left_in_epoch = (self.per_epoch - self.state.timestamp.batch_in_epoch) if self.per_epoch else self.stride
-        return min(self.stride, left_in_epoch, self.walk_total - self.state.timestamp.batch)
+        left_in_epoch = (self.per_epoch - self.state.timestamp.counts.batch_in_epoch) if self.per_epoch else self.stride
+        return min(self.stride, left_in_epoch, self.walk_total - self.state.timestamp.counts.batch)
 
     def train_group(self, count: int) -> bool:
         self.train_step()
         state = self.state
+        state.previous_timestamp = state.timestamp
         state.timestamp = state.timestamp.to_next_batches(count - 1, self.batch_size * (count - 1), 0, 0.0)
         return True
 
@@ -241,17 +257,19 @@ class _Prediction:
                 plan.append(f"{event.name}: " + ", ".join(names[id(a)] for a in _ordered(self.engine, event, hits)))
         key = tuple(plan)
         if not self.plans or self.plans[-1][1] != key:
-            self.plans.append((state.timestamp.batch, key))
+            self.plans.append((state.timestamp.counts.batch, key))
         self.walked += 1
+        state.previous_timestamp = state.timestamp
         state.timestamp = state.timestamp.to_next_batch(self.batch_size, 0, 0.0)
 
     def epoch_complete(self) -> bool:
-        return self.per_epoch is not None and self.state.timestamp.batch_in_epoch == self.per_epoch
+        return self.per_epoch is not None and self.state.timestamp.counts.batch_in_epoch == self.per_epoch
 
     def stop(self) -> bool:
         return self.done()
 
     def end_epoch(self) -> None:
+        self.state.previous_timestamp = self.state.timestamp
         self.state.timestamp = self.state.timestamp.to_next_epoch()
 
     def end_fit(self) -> None:
@@ -275,11 +293,11 @@ def _walk(trainer: Any, conflicts: list[str]) -> Explanation:
     names = _names(algorithms)
     init_traces = [t for t in engine.trace_log if t.event == Event.INIT and t.run]
     prediction = _Prediction(trainer)
-    saved = state.timestamp
+    saved = state.timestamp, state.previous_timestamp
     try:
         walk_fit(prediction)
     finally:
-        state.timestamp = saved
+        state.timestamp, state.previous_timestamp = saved
     events = []
     interpolations: dict[tuple[str, ...], list[str]] = {}
     if init_traces:

@@ -14,7 +14,8 @@ from typing import Protocol
 
 from composerjax.core.event import Event
 
-__all__ = ["BATCH", "FETCH", "EPOCH_CLOSE", "EVAL_BATCH", "EVAL_CLOSE", "EVAL_OPEN", "PREDICT_BATCH", "PREDICT_CLOSE",
+__all__ = ["BATCH", "FETCH", "EPOCH_CLOSE", "EVAL_BATCH", "EVAL_CLOSE", "EVAL_DURING_FIT", "EVAL_OPEN",
+           "EVAL_STANDALONE", "ITERATION_CLOSE", "PREDICT_BATCH", "PREDICT_CLOSE",
            "PREDICT_OPEN", "STEP", "FitDriver", "walk_fit"]
 
 #: Where the compiled step runs inside :data:`BATCH` and :data:`EVAL_BATCH`.
@@ -36,11 +37,17 @@ BATCH_HOST_EVENTS: tuple[Event, ...] = BEFORE_STEP + AFTER_STEP
 
 #: The end of an epoch, after its last batch (the timestamp has moved to the next epoch).
 EPOCH_CLOSE: tuple[Event, ...] = (Event.EPOCH_END, Event.EPOCH_CHECKPOINT)
+#: The end of an iteration (``state.iteration_length`` epochs), after its last epoch's close.
+ITERATION_CLOSE: tuple[Event, ...] = (Event.ITERATION_END, Event.ITERATION_CHECKPOINT)
 
-#: An evaluation: the events before its batches, one batch, and the events after them.
-EVAL_OPEN: tuple[Event, ...] = (Event.EVAL_BEFORE_ALL, Event.EVAL_START)
+#: One evaluator's pass: the events before its batches, one batch, and the events after them.
+EVAL_OPEN: tuple[Event, ...] = (Event.EVAL_START,)
 EVAL_BATCH: tuple[Event | str, ...] = (Event.EVAL_BATCH_START, STEP, Event.EVAL_BATCH_END)
-EVAL_CLOSE: tuple[Event, ...] = (Event.EVAL_END, Event.EVAL_AFTER_ALL)
+EVAL_CLOSE: tuple[Event, ...] = (Event.EVAL_END,)
+#: Around the evaluators that run during ``fit`` (after BATCH_END / EPOCH_END, or at FIT_END), and
+#: around a ``Trainer.eval()`` the user calls.
+EVAL_DURING_FIT: tuple[Event, Event] = (Event.EVAL_BEFORE_ALL, Event.EVAL_AFTER_ALL)
+EVAL_STANDALONE: tuple[Event, Event] = (Event.EVAL_STANDALONE_START, Event.EVAL_STANDALONE_END)
 
 #: A prediction pass, likewise.
 PREDICT_OPEN: tuple[Event, ...] = (Event.PREDICT_START,)
@@ -56,6 +63,9 @@ class FitDriver(Protocol):
 
     def done(self) -> bool:
         """Whether ``max_duration`` is reached."""
+
+    def at_iteration_start(self) -> bool:
+        """Whether no epoch of the current iteration has run yet (Composer's ITERATION_START rule)."""
 
     def at_epoch_start(self) -> bool:
         """Whether no batch of the current epoch has run yet."""
@@ -87,6 +97,9 @@ class FitDriver(Protocol):
     def end_epoch(self) -> None:
         """Close the epoch: move the timestamp to the next epoch."""
 
+    def end_iteration(self) -> bool:
+        """After an epoch's close: whether the iteration is complete (the timestamp then moves to the next)."""
+
     def end_fit(self) -> None:
         """Right before ``FIT_END``: the last chance to flush what the batches left pending."""
 
@@ -100,6 +113,8 @@ def walk_fit(driver: FitDriver) -> None:
     """
     driver.event(Event.FIT_START)
     while not driver.done():
+        if driver.at_iteration_start():
+            driver.event(Event.ITERATION_START)
         if driver.at_epoch_start():
             driver.event(Event.EPOCH_START)
         epoch_ended = True
@@ -131,6 +146,9 @@ def walk_fit(driver: FitDriver) -> None:
             driver.end_epoch()
             for event in EPOCH_CLOSE:
                 driver.event(event)
+            if driver.end_iteration():
+                for event in ITERATION_CLOSE:
+                    driver.event(event)
         if driver.stop():
             break
     driver.end_fit()

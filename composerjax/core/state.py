@@ -21,20 +21,22 @@ __all__ = ["State", "as_max_duration", "instance_names"]
 
 
 def as_max_duration(value: Time | str | int) -> Time:
-    """``value`` as a training length: a Time in ep, ba, sp, tok or sec (an int counts epochs).
+    """``value`` as a training length: a Time in ep, iter, ba, sp, tok or sec (an int counts epochs).
 
     Raises:
-        ValueError: a bad time string, or a unit a run cannot be measured in ('dur' is a fraction of
-            the run itself; the trainer counts no iterations, so 'iter' would never end).
+        ValueError: a bad time string, a negative time, or 'dur' (a fraction of the run itself). An 'iter'
+            length needs ``state.iteration_length``, checked when ``fit`` starts.
 
     Example:
         >>> as_max_duration('500ba')
         Time(500, TimeUnit.BATCH)
     """
     duration = Time.from_input(value, TimeUnit.EPOCH) if not isinstance(value, Time) else value
-    if duration.unit in (TimeUnit.DURATION, TimeUnit.ITERATION):
-        raise ValueError(f"max_duration='{duration}': a run cannot be measured in '{duration.unit.value}'; use ep, ba, "
-                         "sp, tok or sec (e.g. '10ep', '500ba', '2h')")
+    if duration.unit is TimeUnit.DURATION:
+        raise ValueError(f"max_duration='{duration}': a run cannot be measured in '{duration.unit.value}'; use ep, "
+                         "iter, ba, sp, tok or sec (e.g. '10ep', '500ba', '2h')")
+    if duration.value < 0:
+        raise ValueError(f"max_duration='{duration}': expected a non-negative time")
     return duration
 
 
@@ -88,6 +90,12 @@ class State:
         self.run_dir = f"runs/{run_name}"
         self.mesh = mesh
         self.timestamp = Timestamp()
+        #: The clock before the last batch or epoch end moved it (None before the first batch), as
+        #: Composer's; interval rules compare the two to see which multiples were crossed.
+        self.previous_timestamp: Timestamp | None = None
+        self._iteration_length: Time | None = None
+        #: The evaluators of ``Trainer(eval_dataloader=...)`` (Composer's ``state.evaluators``).
+        self.evaluators: list[Any] = []
         self.batch: Any = None
         self.outputs: Any = None
         self.loss: Any = None
@@ -209,7 +217,45 @@ class State:
     @property
     def step(self) -> int:
         """The number of optimizer steps taken so far (a traced scalar inside the step)."""
-        return self.timestamp.batch
+        return self.timestamp.counts.batch
+
+    @property
+    def iteration_length(self) -> Time | None:
+        """Epochs per iteration (Composer's): ITERATION_END/ITERATION_CHECKPOINT fire after that many epochs.
+
+        None (the default): one iteration spans the whole run, ITERATION_START fires once and
+        ``'iter'`` durations are refused. Set it (``'2ep'`` or an int) from a callback or before ``fit``.
+
+        Example:
+            >>> state = State(model=None)
+            >>> state.iteration_length = "2ep"
+            >>> state.iteration_length
+            Time(2, TimeUnit.EPOCH)
+        """
+        return self._iteration_length
+
+    @iteration_length.setter
+    def iteration_length(self, value: Time | str | int | None) -> None:
+        if value is None:
+            self._iteration_length = None
+            return
+        length = Time.from_input(value, TimeUnit.EPOCH)
+        if length.unit != TimeUnit.EPOCH or length.value < 1:
+            raise ValueError(f"state.iteration_length={value!r}: expected a positive number of epochs ('2ep' or 2); "
+                             "token-length iterations are not supported")
+        self._iteration_length = length
+
+    def get_elapsed_duration(self) -> float | None:
+        """The fraction of ``max_duration`` elapsed, counted in its unit (None without a max_duration).
+
+        Example:
+            >>> state = State(model=None, max_duration="4ba")
+            >>> state.get_elapsed_duration()
+            0.0
+        """
+        if self.max_duration is None:
+            return None
+        return self.timestamp.get_progress(self.max_duration)
 
     @property
     def progress(self) -> float:
@@ -219,7 +265,7 @@ class State:
             return 0.0
         if duration.unit == TimeUnit.EPOCH and self.dataloader_len:
             # Per batch, matching the traced progress (steps / steps in max_duration).
-            return self.timestamp.batch / (duration.value * self.dataloader_len)
+            return self.timestamp.counts.batch / (duration.value * self.dataloader_len)
         return self.timestamp.get_progress(duration)
 
     def batches_in_duration(self) -> int | None:
@@ -252,7 +298,7 @@ class State:
             >>> state.max_duration
             Time(2, TimeUnit.BATCH)
         """
-        self.max_duration = Time(self.timestamp.batch, TimeUnit.BATCH)
+        self.max_duration = self.timestamp.batch
 
     # -- batch access, as in Composer ------------------------------------------------------------
     def batch_get_item(self, key: int | str | Callable[[Any], Any]) -> Any:

@@ -1,10 +1,12 @@
-"""EvalRunner: evaluation during ``fit``, as a callback on BATCH_END and EPOCH_END."""
+"""EvalRunner: evaluation during ``fit``, as a callback on BATCH_END, EPOCH_END, ITERATION_END and FIT_END."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from composerjax.core.callback import Callback
+from composerjax.core.evaluator import Evaluator, ensure_evaluators, evaluate_periodically
+from composerjax.core.event import Event
 from composerjax.core.state import State
 from composerjax.core.time import Time, Timestamp, TimeUnit
 
@@ -12,17 +14,22 @@ __all__ = ["EvalRunner"]
 
 
 class EvalRunner(Callback):
-    """Evaluate every ``eval_interval`` during ``fit`` (Composer's position: after BATCH_END / EPOCH_END).
+    """Run the evaluators whose interval falls now, in Composer's position, between EVAL_BEFORE_ALL and EVAL_AFTER_ALL.
 
-    The Trainer installs one when it has an ``eval_dataloader``; pass your own in ``callbacks``
-    to choose when (and on which data) it evaluates. It runs after the other callbacks of the
-    event, so the checkpoint event that follows sees the metrics. Each evaluation is a trace
-    (``EvalRunner/BATCH_END`` or ``EvalRunner/EPOCH_END``) with its duration.
+    The Trainer installs one when it has an ``eval_dataloader``; pass your own in ``callbacks`` to
+    choose when (and on which data) it evaluates. At ``BATCH_END``, ``EPOCH_END`` and
+    ``ITERATION_END`` (after the other callbacks of the event, so the checkpoint event that
+    follows sees the metrics) and at ``FIT_END`` it asks each evaluator's interval rule (see
+    :func:`~composerjax.core.evaluator.evaluate_periodically`); if any says yes, it runs
+    ``EVAL_BEFORE_ALL``, those evaluators (each ``EVAL_START`` ... ``EVAL_END``) and
+    ``EVAL_AFTER_ALL``. Each evaluation is a trace (``EvalRunner/BATCH_END``, ...) with its duration.
 
     Args:
-        eval_interval: a positive number of epochs or batches (``'1ep'``, ``'100ba'``; an int
-            counts epochs).
-        dataloader: the data to evaluate on (default: the Trainer's ``eval_dataloader``).
+        eval_interval: the interval of evaluators that have none of their own: an int (epochs), a
+            time in any unit (``'1ep'``, ``'100ba'``, ``'5000sp'``, ``'0.25dur'``) or a callable
+            ``(state, event) -> bool``; 0 disables.
+        dataloader: evaluate this loader (an ``Evaluator``, a list of them, or a ``{label: loader}``
+            dict) instead of the Trainer's ``eval_dataloader``.
 
     Example::
 
@@ -34,42 +41,58 @@ class EvalRunner(Callback):
     trace_actions = True
     in_checkpoints = False  # nothing to resume: the trainer's arguments configure it again
 
-    def __init__(self, eval_interval: Time | str | int = "1ep", dataloader: Any = None) -> None:
-        from composerjax.trainer.validation import check_interval
-
-        try:
-            interval = eval_interval if isinstance(eval_interval, Time) else Time.from_input(eval_interval,
-                                                                                              TimeUnit.EPOCH)
-        except (TypeError, ValueError) as error:
-            raise ValueError(f"eval_interval: {error}") from error
-        check_interval(interval, "eval_interval", given=eval_interval)
-        self.eval_interval = interval
-        self.dataloader = dataloader
-        self._evaluate: Any = None
+    def __init__(self, eval_interval: int | str | Time | Any = 1, dataloader: Any = None) -> None:
+        if callable(eval_interval) and not isinstance(eval_interval, (str, Time)):
+            self.eval_interval = eval_interval
+        else:
+            self.eval_interval = evaluate_periodically(eval_interval)
+        self.evaluators: list[Evaluator] = ensure_evaluators(dataloader) if dataloader is not None else []
+        self._own = dataloader is not None
+        self._trainer: Any = None
 
     def attach_trainer(self, trainer: Any) -> None:
-        """Evaluate through ``trainer`` (its pending logs flushed first)."""
-        self._evaluate = trainer._eval_during_fit
+        """Evaluate through ``trainer``, on its evaluators unless this runner was given its own."""
+        self._trainer = trainer
+        if not self._own:
+            self.evaluators = trainer.state.evaluators
+
+    def _rule(self, evaluator: Evaluator) -> Any:
+        return evaluator.eval_interval if evaluator.eval_interval is not None else self.eval_interval
 
     def next_due(self, timestamp: Timestamp) -> int | None:
-        """The next batch count an evaluation falls on (grouped calls stop there)."""
-        if self.eval_interval.unit != TimeUnit.BATCH:
-            return None
-        every = int(self.eval_interval.value)
-        return (timestamp.batch // every + 1) * every
+        """The next batch count an evaluation may fall on (grouped calls stop there)."""
+        due = None
+        for evaluator in self.evaluators:
+            interval = getattr(self._rule(evaluator), "interval", None)
+            if interval is None:  # a callable: it may want any batch
+                return int(timestamp.batch) + 1
+            if interval.unit in (TimeUnit.EPOCH, TimeUnit.ITERATION) or interval.value == 0:
+                continue
+            if interval.unit is TimeUnit.BATCH:
+                every = int(interval.value)
+                nxt = (int(timestamp.batch) // every + 1) * every
+            else:  # samples, tokens, seconds, fractions: decided batch by batch
+                nxt = int(timestamp.batch) + 1
+            due = nxt if due is None else min(due, nxt)
+        return due
 
-    def due(self, counter: int, unit: TimeUnit) -> bool:
-        """Whether an evaluation falls on ``counter`` batches or epochs done."""
-        return self.eval_interval.unit == unit and counter > 0 and counter % int(self.eval_interval.value) == 0
+    def _run(self, state: State, event: Event) -> bool:
+        if not self.evaluators:
+            return False
+        executing = [evaluator for evaluator in self.evaluators if self._rule(evaluator)(state, event)]
+        if not executing:
+            return False
+        self._trainer._eval_during_fit(executing)
+        return True
 
     def batch_end(self, state: State, logger: Any) -> bool:
-        if not self.due(state.timestamp.batch, TimeUnit.BATCH):
-            return False
-        self._evaluate(self.dataloader)
-        return True
+        return self._run(state, Event.BATCH_END)
 
     def epoch_end(self, state: State, logger: Any) -> bool:
-        if not self.due(state.timestamp.epoch, TimeUnit.EPOCH):
-            return False
-        self._evaluate(self.dataloader)
-        return True
+        return self._run(state, Event.EPOCH_END)
+
+    def iteration_end(self, state: State, logger: Any) -> bool:
+        return self._run(state, Event.ITERATION_END)
+
+    def fit_end(self, state: State, logger: Any) -> bool:
+        return self._run(state, Event.FIT_END)

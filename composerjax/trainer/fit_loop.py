@@ -78,6 +78,16 @@ def grouping_blocked_by(engine: Any) -> list[str]:
 _BATCH_EVENTS = frozenset(BATCH_HOST_EVENTS)
 
 
+def end_iteration(state: Any) -> bool:
+    """Move ``state.timestamp`` to the next iteration if ``state.iteration_length`` epochs are done."""
+    length = state.iteration_length
+    if length is None or int(state.timestamp.epoch_in_iteration) < length.value:
+        return False
+    state.previous_timestamp = state.timestamp
+    state.timestamp = state.timestamp.to_next_iteration()
+    return True
+
+
 class FitLoop:
     """The real driver of :func:`~composerjax.core.lifecycle.walk_fit`: batches, steps, time, stopping.
 
@@ -123,22 +133,30 @@ class FitLoop:
         # Once per epoch: a callback may have set state.max_duration to tokens the trainer does not count.
         check_run_length(duration, batches=None, counts_tokens=self.count_tokens is not None,
                          field="state.max_duration")
-        return getattr(state.timestamp, COUNTER[duration.unit]) >= duration.value
+        return getattr(state.timestamp.counts, COUNTER[duration.unit]) >= duration.value
 
     def at_epoch_start(self) -> bool:
-        return self.state.timestamp.batch_in_epoch == 0
+        return self.state.timestamp.counts.batch_in_epoch == 0
+
+    def at_iteration_start(self) -> bool:
+        counts = self.state.timestamp.counts
+        return counts.epoch_in_iteration == 0 and counts.batch_in_epoch == 0
+
+    def end_iteration(self) -> bool:
+        return end_iteration(self.state)
 
     def epoch_complete(self) -> bool:
-        return self.state.timestamp.batch_in_epoch == self.state.dataloader_len
+        return self.state.timestamp.counts.batch_in_epoch == self.state.dataloader_len
 
     def start_epoch(self) -> None:
         self.iterator = iter(self.state.dataloader)
 
     def end_epoch(self) -> None:
         state = self.state
-        if state.timestamp.batch_in_epoch == 0:
+        if state.timestamp.counts.batch_in_epoch == 0:
             raise ValueError("train_dataloader yielded no batches in an epoch")
         self.pending.flush()
+        state.previous_timestamp = state.timestamp
         state.timestamp = state.timestamp.to_next_epoch()
 
     def end_fit(self) -> None:
@@ -164,7 +182,8 @@ class FitLoop:
         tokens = self.count_tokens(state.batch) if self.count_tokens is not None else 0
         samples, state.loss, state.step_metrics = self.runner.train_batch(state.batch)
         if self.trainer.logger.destinations:
-            self.pending.add(state.timestamp.batch + 1, state.loss, state.step_metrics)
+            self.pending.add(state.timestamp.counts.batch + 1, state.loss, state.step_metrics)
+        state.previous_timestamp = state.timestamp
         state.timestamp = state.timestamp.to_next_batch(samples, tokens, time.perf_counter() - start)
 
     # -- several batches per call ----------------------------------------------------------------
@@ -187,14 +206,15 @@ class FitLoop:
         """Batches before something needs the host: the epoch's end, the run's end, a plugin's next_due."""
         state = self.state
         timestamp = state.timestamp
+        counts = timestamp.counts
         if state.dataloader_len is None or state.max_duration.unit not in (TimeUnit.BATCH, TimeUnit.EPOCH):
             return 0
         total = state.batches_in_duration()
-        room = min(state.dataloader_len - timestamp.batch_in_epoch, total - timestamp.batch)
+        room = min(state.dataloader_len - counts.batch_in_epoch, total - counts.batch)
         for plugin in (*state.callbacks, *self.trainer.logger.destinations):
             due = plugin.next_due(timestamp) if hasattr(plugin, "next_due") else None
             if due is not None:
-                room = min(room, due - timestamp.batch)
+                room = min(room, int(due) - counts.batch)
         return room
 
     def train_group(self, count: int) -> bool:
@@ -224,7 +244,7 @@ class FitLoop:
         start = time.perf_counter()
         losses, metrics = self.runner.train_group(stacked, count, self._plan)
         if self.trainer.logger.destinations:
-            self.pending.add(state.timestamp.batch + 1, losses, metrics, count)
+            self.pending.add(state.timestamp.counts.batch + 1, losses, metrics, count)
         seconds = time.perf_counter() - start
         if batches is None:
             batches = [jax.tree.map(lambda leaf, i=i: leaf[i], stacked) for i in range(count)] if (
@@ -232,6 +252,7 @@ class FitLoop:
         state.batch = jax.tree.map(lambda leaf: leaf[-1], stacked)
         tokens = [count_tokens(batch) if count_tokens is not None else 0 for batch in batches]
         if len(self._skip) == len(BATCH_HOST_EVENTS):  # nobody listens: one clock update for the group
+            state.previous_timestamp = state.timestamp
             state.timestamp = state.timestamp.to_next_batches(count, size * count, sum(tokens), seconds)
             return True
         # The group's host events after its call, batch by batch, each with that batch's timestamp.
@@ -241,6 +262,7 @@ class FitLoop:
 
     def _advance(self, samples: int, tokens: int, seconds: float) -> None:
         state = self.state
+        state.previous_timestamp = state.timestamp
         state.timestamp = state.timestamp.to_next_batch(samples, tokens, seconds)
 
     def _walk_batch(self, step: Any) -> None:
@@ -266,7 +288,7 @@ class FitLoop:
             return True
         state = self.state
         duration = state.max_duration
-        reached = getattr(state.timestamp, COUNTER[duration.unit]) >= duration.value
+        reached = getattr(state.timestamp.counts, COUNTER[duration.unit]) >= duration.value
         request = trainer._stop_request
         signum, time_up = request.signum, request.time_limit
         if self.runner.multi_process:

@@ -287,6 +287,10 @@ def check_times(values: dict[str, Any]) -> list[str]:
                     # 'ep' and 'sp' runs are counted in batches once the data is known (build_trainer).
                     check_run_length(time, batches=time.value if time.unit is TimeUnit.BATCH else None,
                                      counts_tokens=True, given=value)
+                elif field == "eval_interval":
+                    from composerjax.core.evaluator import evaluate_periodically
+
+                    evaluate_periodically(value)  # any unit; 0 disables (Composer's rule)
                 else:
                     check_interval(time, field, given=value)
             except ValueError as error:
@@ -296,11 +300,12 @@ def check_times(values: dict[str, Any]) -> list[str]:
         value = schedule.get(field) if isinstance(schedule, dict) else None
         if isinstance(value, (str, int)) and not isinstance(value, bool):
             try:
-                unit = Time.from_input(value, TimeUnit.EPOCH).unit
+                time = Time.from_input(value, TimeUnit.EPOCH)
             except ValueError as error:
                 problems.append(f"schedule.{field}: {value!r}: {error}")
                 continue
-            if unit not in (TimeUnit.EPOCH, TimeUnit.BATCH, TimeUnit.DURATION):
+            unit = time.unit
+            if unit not in (TimeUnit.EPOCH, TimeUnit.BATCH, TimeUnit.DURATION) or time.value < 0:
                 problems.append(f"schedule.{field}: {value!r}: expected epochs, batches or a percentage of the run "
                                 "('1ep', '500ba', '10%')")
     if values.get("time_limit") is not None:

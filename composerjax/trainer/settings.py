@@ -71,7 +71,10 @@ RECIPE_SECTIONS: dict[str, tuple[str, ...]] = {
 }
 
 #: Trainer arguments a recipe cannot give, and why. Empty: every argument has a recipe form.
-NOT_IN_RECIPE: dict[str, str] = {}
+NOT_IN_RECIPE: dict[str, str] = {
+    "schedulers": "Composer scheduler objects exist only in Python; a recipe's `schedule:` section (warmup, then "
+                  "cosine, linear or constant decay) builds the learning-rate schedule into the optimizer",
+}
 
 
 @dataclass(frozen=True)
@@ -92,6 +95,13 @@ class RecipeForm:
     build: Callable[[Any], Any]
     write: Callable[[Any, Any], Any]
     check: Callable[[Any], list[str]] = lambda value: []
+
+
+def _write_interval(value: Any) -> Any:
+    """An eval_interval as a recipe writes it: a time string, an int, or None for a callable."""
+    if value is None or isinstance(value, (int, str)):
+        return value
+    return str(value) if isinstance(value, Time) else None
 
 
 #: Recipe fields whose default is not the Trainer's, and why.
@@ -276,6 +286,9 @@ RECIPE_FORMS: dict[str, RecipeForm] = {
                                    _build_passes, _write_passes, _check_passes),
     "devices": RecipeForm(str | int | list[int] | None, "'auto', a count or a list of local device indices; "
                           "jax.Device objects exist only in a running process", lambda value: value, _write_devices),
+    "eval_interval": RecipeForm(str | int | None, "a time string ('1ep', '500ba', '0.25dur') or an int (epochs); "
+                                "a callable (state, event) -> bool exists only in Python", lambda value: value,
+                                lambda value, given: given if given is not None else _write_interval(value)),
     "parallelism": RecipeForm(str | dict[str, Any], "a strategy name, or a mapping of ParallelismConfig fields "
                               "(fsdp, tensor, min_fsdp_size, rules: 'package.module:RULES')", _build_parallelism,
                               _write_parallelism, _check_parallelism),
@@ -530,7 +543,9 @@ def hyperparameters(trainer: Any) -> dict[str, Any]:
         "mesh": dict(trainer.mesh.shape),
         "devices": int(trainer.mesh.devices.size),
         "processes": jax.process_count(),
-        "eval_interval": None if eval_interval is None else str(Time.from_input(eval_interval, TimeUnit.EPOCH)),
+        "eval_interval": (None if eval_interval is None else getattr(eval_interval, "__name__", repr(eval_interval))
+                          if callable(eval_interval) and not isinstance(eval_interval, (str, Time))
+                          else str(Time.from_input(eval_interval, TimeUnit.EPOCH))),
         "save_interval": str(arguments["save_interval"]),
         "save_weights_only": arguments["save_weights_only"],
         "time_limit": None if arguments["time_limit"] is None else str(arguments["time_limit"]),

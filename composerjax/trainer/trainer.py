@@ -15,8 +15,9 @@ from flax import nnx
 from composerjax.core.algorithm import Algorithm
 from composerjax.core.callback import Callback
 from composerjax.core.engine import Engine
+from composerjax.core.evaluator import Evaluator, ensure_evaluators
 from composerjax.core.event import Event
-from composerjax.core.lifecycle import walk_fit
+from composerjax.core.lifecycle import EVAL_DURING_FIT, EVAL_STANDALONE, walk_fit
 from composerjax.core.passes import AlgorithmPass
 from composerjax.core.state import State
 from composerjax.core.time import Time
@@ -28,17 +29,15 @@ from composerjax.parallel.mesh import build_mesh
 from composerjax.parallel.strategy import ParallelismConfig, config_for, resolve_devices, resolve_parallelism
 from composerjax.step.precision import compute_dtype
 from composerjax.step.runner import StepRunner, default_memory_budget
-from composerjax.step.summary import format_summary, parameter_summary
 from composerjax.trainer.checkpoint import Checkpointer
 from composerjax.trainer.checkpoint_saver import CheckpointSaver, checkpoint_location, refuse_old_checkpoints
-from composerjax.trainer.eval_runner import EvalRunner
-from composerjax.trainer.fit_loop import COUNTER, FitLoop, PendingLogs, grouping_blocked_by
+from composerjax.trainer.fit_arguments import apply_fit_arguments, log_run_summary, set_evaluators
+from composerjax.trainer.fit_loop import FitLoop, PendingLogs, grouping_blocked_by
 from composerjax.trainer.interrupt import StopDecision, TrainingInterrupted
 from composerjax.trainer.stopping import SignalHandler, TimeLimit, to_time_limit
 from composerjax.trainer.validation import (
     as_list,
     check_arguments,
-    check_interval,
     check_run_length,
     check_seed,
     loader_length,
@@ -69,37 +68,40 @@ class Trainer:
         max_duration: how long ``fit`` trains: a Time or a string such as ``'10ep'`` or ``'500ba'``;
             at most 2**31 - 1 batches, and ``'tok'`` only with ``tokens_per_batch`` (else refused:
             it would never end).
-        optimizers: an optax ``GradientTransformation`` (default ``optax.adam(1e-3)``).
+        optimizers: an optax ``GradientTransformation`` (default ``optax.adam(1e-3)`` with its
+            hyperparameters injected, so the learning rate is logged), e.g. ``DecoupledAdamW``.
+        schedulers: Composer schedulers (``composerjax.optim``: ``CosineAnnealingWithWarmupScheduler``,
+            ...), compiled into the step as a multiplier of the optimizer's learning rate.
+        scale_schedule_ratio: scale ``max_duration`` and the schedulers' times by this ratio.
+        step_schedulers_every_batch: step schedulers every batch (True, the default with schedulers)
+            or at epoch starts only (False).
         loss_fn: for plain modules: ``fn(model, batch)`` or ``fn(model, batch, rng, step)``
             returning a scalar loss or ``(loss, metrics_dict)``.
         algorithms: algorithms to compose into training.
         callbacks: callbacks to run at events.
         loggers: logger destinations.
-        eval_dataloader: data for ``eval()`` and periodic evaluation.
-        eval_interval: how often to evaluate during ``fit``: a positive number of epochs or batches
-            (``'1ep'`` by default when there is eval data; an int means epochs; other units are
-            refused, as the trainer would never act on them).
+        eval_dataloader: a loader, an :class:`~composerjax.core.evaluator.Evaluator`, a list of them
+            or a ``{label: loader}`` dict; metrics are logged as ``metrics/<label>/<MetricName>``.
+        eval_interval: how often to evaluate during ``fit``: an int (epochs), a time in any unit
+            (``'1ep'`` default, ``'500ba'``, ``'10000sp'``, ``'0.25dur'``) or a callable
+            ``(state, event) -> bool``; 0 disables. Fit also evaluates at its end when the last
+            evaluation was not on its last batch (Composer's rule).
+        eval_subset_num_batches: evaluate on at most this many batches (-1: all).
         device_train_microbatch_size: split each batch into microbatches of this size and
             accumulate gradients inside the step (a ``lax.scan``). ``'auto'`` picks, before the
             first step runs, the largest divisor of the batch whose compiled step fits
             ``device_memory_budget`` (read from ``compiled.memory_analysis()``: arguments + outputs
             - donated + temporaries); the choice is in ``trainer.microbatch_size`` and
             ``state.run_summary['microbatch_candidates']``.
-        steps_per_call: run this many batches per compiled call (a ``lax.scan`` over stacked
-            batches) whenever nothing needs a per-batch view in between: every callback or logger
-            listening to the per-batch host events accepts grouped batches (the progress bar,
-            loggers and built-ins do; ``grouping_blocked_by`` names those that do not), no
-            algorithm matches them, the plan is the same for all of them, and no epoch end, end of
-            training or plugin's ``next_due`` (a batch-interval save or eval) falls inside the
-            group. Listeners that accept groups see each batch's events after the call.
-            Each grouped step sees exactly the batch, step number, ``progress`` and
-            ``step_rng`` of the matching single step; the floating-point state equals per-step
-            training up to rounding, not bit for bit (XLA compiles a scan body differently from
-            a standalone step). Every batch's loss and metrics still reach the loggers. Signals
-            and ``time_limit`` are checked between calls.
+        steps_per_call: run this many batches per compiled call (a ``lax.scan``) whenever nothing
+            needs a per-batch view in between (``grouping_blocked_by`` names the plugins that do;
+            no epoch end, end of training or plugin's ``next_due`` falls inside the group). Each
+            grouped step sees exactly the batch, step number, ``progress`` and ``step_rng`` of the
+            single step; floats equal per-step training up to rounding, not bit for bit.
         device_memory_budget: bytes a train step may use, for ``'auto'`` (on GPU/TPU the default
             is 90% of the device's ``bytes_limit``; CPU has no limit to read, so it must be given).
-        precision: ``'fp32'`` or ``'bf16'`` (bf16 compute, fp32 weights and optimizer state).
+        precision: ``'fp32'``, ``'amp_bf16'`` (bf16 compute, fp32 weights and optimizer state) or
+            ``'bf16'`` (weights, optimizer state and compute in bf16); ``'amp_fp16'`` is refused.
         seed: seeds ``state.rng`` and the per-step ``state.step_rng``: an integer from 0 to
             2**32 - 1 (2**63 - 1 with ``jax_enable_x64``); others are refused, since JAX would
             overflow or repeat a smaller seed.
@@ -123,11 +125,8 @@ class Trainer:
         save_num_checkpoints_to_keep: keep the newest N checkpoints (-1 keeps all).
         save_weights_only: save only the model's variables (for fine-tuning or serving; such a
             checkpoint cannot resume a run).
-        save_overwrite: let this run replace checkpoints another run left in ``save_folder``.
-            Without it (and without ``autoresume``), a ``save_folder`` that already holds
-            checkpoints is refused here: a new run never silently mixes with or hides behind an
-            old one. Either way, a folder a live run is writing is refused
-            (:class:`~composerjax.trainer.checkpoint.SaveFolderInUseError`).
+        save_overwrite: let this run replace checkpoints another run left in ``save_folder``
+            (else such a folder is refused, unless ``autoresume``); a live run's folder is always refused.
         load_path: load at start: a ``save_folder`` (its newest checkpoint) or one checkpoint's
             folder inside it (``'runs/x/checkpoints/1200'``). Checked against the run first: a
             checkpoint that does not fit the model, optimizer or algorithms raises
@@ -145,21 +144,16 @@ class Trainer:
         skip_nonfinite_updates: inside the compiled step, leave parameters, optimizer, model and
             algorithm state unchanged when the loss or any gradient is NaN or infinite (the
             batch still counts); ``train/skipped_nonfinite`` is 1.0 for such steps.
-        handle_signals: during ``fit``, SIGTERM and SIGINT finish the current step, save a
-            checkpoint (with ``save_folder``), close callbacks and loggers and raise
-            :class:`TrainingInterrupted`, a ``SystemExit`` whose exit status is ``128 + signal``
-            (143 for SIGTERM, 130 for SIGINT). A second signal while stopping interrupts at once.
+        handle_signals: during ``fit``, SIGTERM/SIGINT finish the step, save (with ``save_folder``),
+            close plugins and raise :class:`TrainingInterrupted` (exit status ``128 + signal``).
         tokens_per_batch: ``fn(batch) -> int`` counting the tokens of a host batch (e.g.
             ``lambda batch: batch[0].size`` for token ids), so ``timestamp.token``, token
             throughput and ``'tok'`` durations work; tokens are not counted without it, and a
             ``'tok'`` max_duration is refused.
         run_dir: the run folder for files callbacks and loggers write (traces, profiles, logs);
             ``runs/<run_name>`` by default. Created by whoever writes first.
-        run_summary: log (``log_hyperparameters``) and print a run summary at the first FIT_START
-            (parameters and bytes, devices, precision, algorithms) and one line per compiled step
-            variant as it compiles (compile time, FLOPs per step, memory analysis; no extra
-            compile). Every variant is recorded in ``state.compiled_steps``; the first train
-            step's FLOPs also land in ``state.run_summary['flops_per_step']``.
+        run_summary: log and print a run summary at the first FIT_START and one line per compiled
+            step variant (compile time, FLOPs, memory); every variant is in ``state.compiled_steps``.
 
     Example:
         >>> import numpy as np, optax
@@ -187,8 +181,12 @@ class Trainer:
         algorithms: Algorithm | Sequence[Algorithm] = (),
         callbacks: Callback | Sequence[Callback] = (),
         loggers: LoggerDestination | Sequence[LoggerDestination] = (),
-        eval_dataloader: Iterable[Any] | None = None,
-        eval_interval: Time | str | int | None = None,
+        eval_dataloader: Iterable[Any] | Evaluator | Sequence[Evaluator] | dict[str, Iterable[Any]] | None = None,
+        eval_interval: Time | str | int | Callable[..., bool] | None = None,
+        eval_subset_num_batches: int = -1,
+        schedulers: Any = None,
+        scale_schedule_ratio: float = 1.0,
+        step_schedulers_every_batch: bool | None = None,
         device_train_microbatch_size: int | str | None = None,
         precision: str = "fp32",
         seed: int = 0,
@@ -243,11 +241,6 @@ class Trainer:
         # '1tok' without a token counter never ends; '1e15ba' overflows the step's int32 counter.
         check_run_length(state.max_duration, batches=state.batches_in_duration(),
                          counts_tokens=tokens_per_batch is not None, given=max_duration)
-        self.eval_dataloader = as_batch_iterable(eval_dataloader) if eval_dataloader is not None else None
-        self.eval_interval = to_time(
-            eval_interval if eval_interval is not None else ("1ep" if eval_dataloader is not None else None),
-            "eval_interval")
-        check_interval(self.eval_interval, "eval_interval", given=eval_interval)  # '1tok', '0ba' never evaluate
         destinations = as_list(loggers, LoggerDestination, "loggers")
         if progress_bar:
             bar = ProgressBarLogger()
@@ -268,6 +261,7 @@ class Trainer:
         self._summarized = False
         self._install_builtins(save_folder, save_interval, save_num_checkpoints_to_keep, save_weights_only,
                                save_overwrite)
+        set_evaluators(self, eval_dataloader, eval_interval, eval_subset_num_batches)
         if self.checkpointer is not None and save_folder is not None and not autoresume and not save_overwrite:
             refuse_old_checkpoints(self.checkpointer)
         try:
@@ -307,8 +301,6 @@ class Trainer:
             if CheckpointSaver in given:
                 raise ValueError(f"save_folder={os.fspath(save_folder)!r} and a CheckpointSaver in callbacks: give one")
             callbacks.append(CheckpointSaver(save_folder, save_interval, keep, weights_only, overwrite))
-        if self.eval_dataloader is not None and self.eval_interval is not None and EvalRunner not in given:
-            callbacks.append(EvalRunner(self.eval_interval))
         if self.time_limit is not None and TimeLimit not in given:
             callbacks.append(TimeLimit(self.time_limit))
         if self.handle_signals and SignalHandler not in given:
@@ -400,18 +392,25 @@ class Trainer:
         return step
 
     # -- fit -------------------------------------------------------------------------------------
-    def fit(self, duration: Time | str | int | None = None) -> None:
+    def fit(self, duration: Time | str | int | None = None, *, train_dataloader: Iterable[Any] | None = None,
+            reset_time: bool = False, schedulers: Any = None, scale_schedule_ratio: float = 1.0,
+            step_schedulers_every_batch: bool | None = None, eval_dataloader: Any = None,
+            eval_subset_num_batches: int = -1, eval_interval: Time | str | int | Callable[..., bool] | None = None,
+            device_train_microbatch_size: int | None = None, precision: str | None = None) -> None:
         """Train until ``max_duration``, or, with ``duration``, that much more from where it stands.
+
+        The keyword arguments are Composer's: each replaces the Trainer's for this and later fits
+        (``reset_time`` restarts the clock at 0, with ``duration`` as the new ``max_duration``).
+        A different ``precision`` is refused (it is compiled in; give it to ``Trainer``).
 
         Example: ``trainer.fit()`` then ``trainer.fit('1ep')`` trains one more epoch.
         """
         state = self.state
+        apply_fit_arguments(self, duration, train_dataloader, reset_time, schedulers, scale_schedule_ratio,
+                            step_schedulers_every_batch, eval_dataloader, eval_subset_num_batches, eval_interval,
+                            device_train_microbatch_size, precision)
         if state.dataloader is None:
-            raise ValueError("fit(): train_dataloader is None; pass one to Trainer(...)")
-        if duration is not None:
-            extra = to_time(duration, "duration")
-            now = getattr(state.timestamp, COUNTER[extra.unit])
-            state.max_duration = Time(now + extra.value, extra.unit)
+            raise ValueError("fit(): train_dataloader is None; pass one to Trainer(...) or fit(...)")
         if state.max_duration is None:
             raise ValueError("fit(): max_duration is None; pass max_duration to Trainer or a duration to fit()")
         # Again here: fit(duration) and a state.max_duration set since __init__ are new run lengths.
@@ -421,7 +420,7 @@ class Trainer:
         self.runner.set_total_steps()
         if not self._summarized:
             self._summarized = True
-            self._log_run_summary()
+            log_run_summary(self)
         self.stop_reason, self.stop_decision, self._stop_request = None, None, StopDecision()
         try:
             walk_fit(FitLoop(self))
@@ -434,43 +433,50 @@ class Trainer:
         if self.stop_decision is not None and self.stop_decision.time_limit:
             self.stop_reason = "time_limit"
 
-    def _log_run_summary(self) -> None:
-        """Log and print the run summary once, before the first FIT_START."""
-        state = self.state
-        state.run_summary = summary = {
-            "run_name": state.run_name,
-            **parameter_summary(state.train_state.params),
-            "devices": int(self.mesh.devices.size),
-            "platform": jax.devices()[0].platform,
-            "precision": state.precision,
-            "algorithms": [type(a).__name__ for a in state.algorithms],
-            "flops_per_step": None,
-        }
-        if self.steps_per_call > 1:
-            summary.update(steps_per_call=self.steps_per_call, grouping_blocked_by=self.grouping_blocked_by)
-        if self.run_summary:
-            self.logger.log_hyperparameters({f"run_summary/{k}": v for k, v in summary.items()})
-            _print(format_summary(summary))
-
     # -- eval and predict --------------------------------------------------------------------------
-    def _eval_during_fit(self, dataloader: Iterable[Any] | None = None) -> dict[str, float]:
+    def _eval_during_fit(self, evaluators: Sequence[Evaluator]) -> None:
+        """Run ``evaluators`` between EVAL_BEFORE_ALL and EVAL_AFTER_ALL (the EvalRunner's call)."""
         self.pending_logs.flush()
-        return self.eval(dataloader)
+        self.engine.run_event(EVAL_DURING_FIT[0])
+        for evaluator in evaluators:
+            self._evaluate(evaluator, -1)
+        self.engine.run_event(EVAL_DURING_FIT[1])
 
-    def eval(self, eval_dataloader: Iterable[Any] | None = None) -> dict[str, float]:
-        """Evaluate on ``eval_dataloader`` (or the trainer's) and return ``{metric: value}``.
+    def _evaluate(self, evaluator: Evaluator, subset_num_batches: int) -> dict[str, float]:
+        subset = subset_num_batches if subset_num_batches != -1 else evaluator.subset_num_batches
+        return self.runner.evaluate(evaluator.dataloader, label=evaluator.label, metric_names=evaluator.metric_names,
+                                    subset_num_batches=-1 if subset is None else subset)
 
-        Metrics are summed on the device and fetched once at the end; they are also logged as
-        ``metrics/eval/<name>`` and stored in ``state.metrics['eval']``.
+    def eval(self, eval_dataloader: Any = None, subset_num_batches: int = -1) -> dict[str, float]:
+        """Evaluate on ``eval_dataloader`` (as ``Trainer(eval_dataloader=...)``) or the trainer's evaluators.
+
+        Runs between ``EVAL_STANDALONE_START`` and ``EVAL_STANDALONE_END``. Each evaluator's metrics are
+        computed on the device, fetched once, logged as ``metrics/<label>/<MetricName>`` and kept in
+        ``state.metrics[<label>]``. Returns ``{MetricName: value}`` when there is one evaluator, and
+        ``{'<label>/<MetricName>': value}`` for several.
+
+        Example: ``trainer.eval()['MulticlassAccuracy']``.
         """
-        loader = as_batch_iterable(eval_dataloader) if eval_dataloader is not None else self.eval_dataloader
-        if loader is None:
+        evaluators = ensure_evaluators(eval_dataloader) if eval_dataloader is not None else self.state.evaluators
+        if not evaluators:
             raise ValueError("eval(): no eval_dataloader given to Trainer(...) or to eval()")
-        return self.runner.evaluate(loader)
+        for evaluator in evaluators:
+            evaluator.dataloader = as_batch_iterable(evaluator.dataloader)
+        self.engine.run_event(EVAL_STANDALONE[0])
+        results = {evaluator.label: self._evaluate(evaluator, subset_num_batches) for evaluator in evaluators}
+        self.engine.run_event(EVAL_STANDALONE[1])
+        if len(results) == 1:
+            return next(iter(results.values()))
+        return {f"{label}/{name}": value for label, values in results.items() for name, value in values.items()}
 
-    def predict(self, dataloader: Iterable[Any]) -> list[Any]:
-        """Return the model's outputs for every batch of ``dataloader`` (fetched in one transfer)."""
-        return self.runner.predict(as_batch_iterable(dataloader))
+    def predict(self, dataloader: Iterable[Any], subset_num_batches: int = -1,
+                return_outputs: bool = True) -> list[Any]:
+        """The model's outputs for every batch of ``dataloader`` (at most ``subset_num_batches``), fetched once.
+
+        With ``return_outputs=False`` nothing is kept or fetched (callbacks see each batch's
+        ``state.outputs`` at ``PREDICT_BATCH_END``) and an empty list is returned.
+        """
+        return self.runner.predict(as_batch_iterable(dataloader), subset_num_batches, return_outputs)
 
     # -- shutdown --------------------------------------------------------------------------------
     def close(self) -> None:

@@ -124,14 +124,12 @@ def test_set_an_unknown_key_suggests_the_close_one(recipe, capsys):
         ("seed=true", ["seed=True", "got a bool"]),
         ("max_duration=1e20ba", ["max_duration", "'1e20ba'", "at most 9223372036854775807"]),
         ("max_duration=1e15ba", ["max_duration='1e15ba'", "spans 1000000000000000 batches", "at most 2147483647"]),
-        ("eval_interval=1tok", ["eval_interval='1tok'", "epochs or batches"]),
-        ("eval_interval=0ba", ["eval_interval='0ba'", "positive whole number"]),
-        ("eval_interval=0.5dur", ["eval_interval='0.5dur'", "epochs or batches"]),
+        ("eval_interval=2dur", ["eval_interval='2dur'", "at most 1 in 'dur'"]),
         ("save_interval=10sp", ["save_interval='10sp'", "epochs or batches"]),
         ("log_interval=0", ["log_interval", "greater than or equal to 1", "(got 0)"]),
         ("save_num_checkpoints_to_keep=0", ["save_num_checkpoints_to_keep", "-1 to keep all", "(got 0)"]),
         ("device_train_microbatch_size=0", ["device_train_microbatch_size", "'auto'", "(got 0)"]),
-        ("precision=fp16", ["precision='fp16'", "'bf16', 'fp32'"]),
+        ("precision=fp17", ["precision='fp17'", "'fp32', 'amp_bf16', 'bf16'"]),
         # YAML reads 1e400 as a string that pydantic turns into inf: every update would be NaN.
         ("optimizer.lr=1e400", ["optimizer.lr", "finite number", "(got '1e400')"]),
         ("optimizer={name: adamw, weight_decay: .inf}", ["optimizer.weight_decay", "finite number", "(got inf)"]),
@@ -163,7 +161,7 @@ def test_bad_settings_only_the_data_or_factories_show_exit_2(recipe, capsys, ove
 
 def test_every_settings_problem_is_listed_at_once():
     with pytest.raises(ConfigError) as error:
-        load_config({**TINY_RECIPE, "seed": HUGE_SEED, "eval_interval": "1tok", "log_interval": 0})
+        load_config({**TINY_RECIPE, "seed": HUGE_SEED, "eval_interval": "2dur", "log_interval": 0})
     fields = sorted(problem.split(":")[0].split("=")[0] for problem in error.value.problems)
     assert fields == ["eval_interval", "log_interval", "seed"], error.value.problems
 
@@ -247,10 +245,14 @@ def test_trainer_refuses_a_seed_jax_cannot_key(seed):
         make_trainer(seed=seed)
 
 
-@pytest.mark.parametrize("interval", ["1tok", "0ba", "0.5dur", "10sp"])
-def test_trainer_refuses_an_eval_interval_it_would_never_act_on(interval):
-    with pytest.raises(ValueError, match=rf"eval_interval='{interval}': expected a positive whole number of epochs "
-                                         "or batches"):
+def test_trainer_refuses_a_token_eval_interval_without_a_token_counter():
+    with pytest.raises(ValueError, match=r"eval_interval='1tok': 'tok' intervals need Trainer\(tokens_per_batch"):
+        make_trainer(eval_dataloader=ArrayLoader(data(), batch_size=16), eval_interval="1tok")
+
+
+@pytest.mark.parametrize(("interval", "message"), [("2dur", "at most 1 in 'dur'"), ("3 weeks", "")])
+def test_trainer_refuses_an_eval_interval_that_is_not_one(interval, message):
+    with pytest.raises(ValueError, match=rf"eval_interval='{interval}': .*{message}"):
         make_trainer(eval_dataloader=ArrayLoader(data(), batch_size=16), eval_interval=interval)
 
 

@@ -295,7 +295,7 @@ def test_host_algorithm_at_fit_start_changes_the_params_the_step_starts_from(
     [
         ({"max_duration": "10epochs"}, ValueError, ["max_duration", "10epochs"]),
         ({"eval_interval": "3 weeks"}, ValueError, ["eval_interval"]),
-        ({"precision": "fp16"}, ValueError, ["precision", "'bf16'", "'fp32'"]),
+        ({"precision": "fp17"}, ValueError, ["precision", "'amp_bf16'", "'bf16'", "'fp32'"]),
         ({"log_interval": 0}, ValueError, ["log_interval"]),
         ({"device_train_microbatch_size": 0}, ValueError, ["device_train_microbatch_size"]),
         ({"optimizers": "adam"}, TypeError, ["optimizers"]),
@@ -320,8 +320,8 @@ def test_bad_max_duration_lists_the_accepted_units(classification_arrays, make_t
         assert re.search(rf"\b{unit.value}\b", str(raised.value)), unit
 
 
-@pytest.mark.parametrize("duration", ["0.5dur", "2iter"])
-def test_run_lengths_in_dur_or_iter_are_refused(classification_arrays, make_tiny_classifier, duration):
+@pytest.mark.parametrize("duration", ["0.5dur"])
+def test_run_lengths_in_dur_are_refused(classification_arrays, make_tiny_classifier, duration):
     with pytest.raises(ValueError, match=rf"max_duration='{duration}': a run cannot be measured in"):
         Trainer(make_tiny_classifier(), ArrayLoader(classification_arrays, batch_size=16), duration,
                 progress_bar=False)
@@ -431,11 +431,11 @@ class OutputDtype(Callback):
         self.dtypes.append(state.outputs.dtype)
 
 
-def test_bf16_computes_in_bf16_and_keeps_fp32_weights(classification_arrays, make_tiny_classifier):
+def test_amp_bf16_computes_in_bf16_and_keeps_fp32_weights(classification_arrays, make_tiny_classifier):
     x, y = classification_arrays
     memory, probe = InMemoryLogger(), OutputDtype()
     trainer = Trainer(make_tiny_classifier(), ArrayLoader((x, y), batch_size=16), max_duration="3ep",
-                      optimizers=optax.adam(0.05), precision="bf16", callbacks=[probe], loggers=[memory],
+                      optimizers=optax.adam(0.05), precision="amp_bf16", callbacks=[probe], loggers=[memory],
                       log_interval=4, progress_bar=False)
     trainer.fit()
     assert probe.dtypes == [jnp.bfloat16]
@@ -447,3 +447,26 @@ def test_bf16_computes_in_bf16_and_keeps_fp32_weights(classification_arrays, mak
     assert {leaf.dtype for leaf in float_leaves if jnp.issubdtype(leaf.dtype, jnp.floating)} == {np.dtype(np.float32)}
     assert state.model.module.kernel[...].dtype == jnp.float32
     assert state.loss.dtype == jnp.float32
+
+
+def test_bf16_keeps_weights_and_optimizer_state_in_bf16(classification_arrays, make_tiny_classifier):
+    x, y = classification_arrays
+    memory, probe = InMemoryLogger(), OutputDtype()
+    trainer = Trainer(make_tiny_classifier(), ArrayLoader((x, y), batch_size=16), max_duration="3ep",
+                      optimizers=optax.adam(0.05), precision="bf16", callbacks=[probe], loggers=[memory],
+                      log_interval=4, progress_bar=False)
+    trainer.fit()
+    assert probe.dtypes == [jnp.bfloat16]
+    losses = logged_losses(memory)
+    assert len(losses) == 12 and np.mean(losses[8:]) < np.mean(losses[:4])
+    state = trainer.state
+    float_leaves = jax.tree.leaves((state.train_state.params, state.train_state.opt_state))
+    assert {leaf.dtype for leaf in float_leaves if jnp.issubdtype(leaf.dtype, jnp.floating)} == {
+        np.dtype(jnp.bfloat16)}
+    assert state.model.module.kernel[...].dtype == jnp.bfloat16
+
+
+def test_amp_fp16_is_refused_naming_the_alternative(make_tiny_classifier):
+    with pytest.raises(ValueError, match=r"precision='amp_fp16': float16 training needs dynamic loss scaling.*"
+                                         r"use 'amp_bf16'"):
+        Trainer(make_tiny_classifier(), precision="amp_fp16")
