@@ -18,7 +18,7 @@ from composerjax.data.array_loader import as_batch_iterable
 from composerjax.step.summary import format_summary, parameter_summary
 from composerjax.trainer.validation import loader_length, to_time
 
-__all__ = ["apply_fit_arguments", "log_run_summary", "set_evaluators"]
+__all__ = ["apply_fit_arguments", "apply_schedulers", "log_run_summary", "set_evaluators"]
 
 
 def set_evaluators(trainer: Any, eval_dataloader: Any, eval_interval: Any, subset_num_batches: int,
@@ -66,6 +66,58 @@ def set_evaluators(trainer: Any, eval_dataloader: Any, eval_interval: Any, subse
         runner.attach_trainer(trainer)
 
 
+def apply_schedulers(trainer: Any, schedulers: Any, scale_schedule_ratio: float,
+                     step_schedulers_every_batch: bool | None, in_fit: bool = False) -> None:
+    """Compile Composer schedulers into the optimizer (``with_schedule``), scaling the run by ``scale_schedule_ratio``.
+
+    In ``Trainer(...)`` it runs after INIT, before the optimizer state is built. In ``fit`` new
+    schedulers replace the old ones when the Trainer was built with schedulers (the optimizer state
+    is kept) or before the first batch (the optimizer state is rebuilt); otherwise they are refused.
+
+    Raises:
+        ValueError: a bad ratio, a ratio without schedulers (Composer's rule), a time a scheduler
+            cannot convert to steps, or schedulers ``fit`` cannot apply.
+    """
+    from composerjax.optim import ScheduleContext, compile_schedulers, scale_max_duration, with_schedule
+
+    where = "fit(" if in_fit else "Trainer("
+    if isinstance(scale_schedule_ratio, bool) or not isinstance(scale_schedule_ratio, (int, float)) or not (
+            0 < scale_schedule_ratio < float("inf")):
+        raise ValueError(f"{where}scale_schedule_ratio={scale_schedule_ratio!r}): expected a positive number")
+    if step_schedulers_every_batch is not None and not isinstance(step_schedulers_every_batch, bool):
+        raise ValueError(f"{where}step_schedulers_every_batch={step_schedulers_every_batch!r}): expected True, False "
+                         "or None")
+    if schedulers is None or (isinstance(schedulers, (list, tuple)) and not schedulers):
+        if scale_schedule_ratio != 1.0:
+            raise ValueError(f"{where}scale_schedule_ratio={scale_schedule_ratio}): specifying scale_schedule_ratio "
+                             "without schedulers has no effect (Composer's rule); pass schedulers=[...]")
+        return
+    state = trainer.state
+    if state.max_duration is None:
+        raise ValueError(f"{where}schedulers=...): schedulers need max_duration (their times are fractions or "
+                         "counts of the run); pass max_duration")
+    runner = getattr(trainer, "runner", None)
+    built = runner is not None and getattr(runner, "builder", None) is not None
+    base = getattr(trainer, "_unscheduled_optimizer", None)
+    rescheduling = base is not None  # the optimizer state already has the schedule's structure
+    if built and not rescheduling and int(state.timestamp.batch) > 0:
+        raise ValueError(f"fit(schedulers=...): this Trainer was built without schedulers and has trained "
+                         f"{int(state.timestamp.batch)} batches, so its optimizer state has no schedule to replace; "
+                         "pass schedulers= to Trainer(...)")
+    if scale_schedule_ratio != 1.0:
+        state.max_duration = scale_max_duration(state.max_duration, scale_schedule_ratio)
+    loader = state.dataloader
+    samples = getattr(loader, "global_batch_size", None) if getattr(loader, "drop_last", True) else None
+    context = ScheduleContext.from_state(state, samples_per_step=samples, scale_schedule_ratio=scale_schedule_ratio)
+    multiplier = compile_schedulers(schedulers, context, step_schedulers_every_batch)
+    if base is None:
+        base = trainer._unscheduled_optimizer = state.optimizer
+    state.optimizer = with_schedule(base, multiplier)
+    trainer.schedulers = list(schedulers) if isinstance(schedulers, (list, tuple)) else [schedulers]
+    if built:
+        runner.replace_optimizer(state.optimizer, keep_state=rescheduling)
+
+
 def apply_fit_arguments(trainer: Any, duration: Any, train_dataloader: Any, reset_time: bool, schedulers: Any,
                         scale_schedule_ratio: float, step_schedulers_every_batch: bool | None,
                         eval_dataloader: Any, eval_subset_num_batches: int, eval_interval: Any,
@@ -109,7 +161,7 @@ def apply_fit_arguments(trainer: Any, duration: Any, train_dataloader: Any, rese
                          "per iteration, e.g. trainer.state.iteration_length = '2ep'); without it the whole run is "
                          "one iteration")
     if schedulers is not None or scale_schedule_ratio != 1.0 or step_schedulers_every_batch is not None:
-        trainer.set_schedulers(schedulers, scale_schedule_ratio, step_schedulers_every_batch, field="fit")
+        apply_schedulers(trainer, schedulers, scale_schedule_ratio, step_schedulers_every_batch, in_fit=True)
     if eval_dataloader is not None or eval_interval is not None:
         given = eval_dataloader if eval_dataloader is not None else (list(state.evaluators) or None)
         set_evaluators(trainer, given, eval_interval, eval_subset_num_batches, replace_interval=True)

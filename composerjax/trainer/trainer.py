@@ -31,7 +31,7 @@ from composerjax.step.precision import compute_dtype
 from composerjax.step.runner import StepRunner, default_memory_budget
 from composerjax.trainer.checkpoint import Checkpointer
 from composerjax.trainer.checkpoint_saver import CheckpointSaver, checkpoint_location, refuse_old_checkpoints
-from composerjax.trainer.fit_arguments import apply_fit_arguments, log_run_summary, set_evaluators
+from composerjax.trainer.fit_arguments import apply_fit_arguments, apply_schedulers, log_run_summary, set_evaluators
 from composerjax.trainer.fit_loop import FitLoop, PendingLogs, grouping_blocked_by
 from composerjax.trainer.interrupt import StopDecision, TrainingInterrupted
 from composerjax.trainer.stopping import SignalHandler, TimeLimit, to_time_limit
@@ -88,11 +88,8 @@ class Trainer:
             evaluation was not on its last batch (Composer's rule).
         eval_subset_num_batches: evaluate on at most this many batches (-1: all).
         device_train_microbatch_size: split each batch into microbatches of this size and
-            accumulate gradients inside the step (a ``lax.scan``). ``'auto'`` picks, before the
-            first step runs, the largest divisor of the batch whose compiled step fits
-            ``device_memory_budget`` (read from ``compiled.memory_analysis()``: arguments + outputs
-            - donated + temporaries); the choice is in ``trainer.microbatch_size`` and
-            ``state.run_summary['microbatch_candidates']``.
+            accumulate gradients inside the step. ``'auto'`` picks the largest divisor of the batch
+            whose compiled step fits ``device_memory_budget`` (``trainer.microbatch_size``).
         steps_per_call: run this many batches per compiled call (a ``lax.scan``) whenever nothing
             needs a per-batch view in between (``grouping_blocked_by`` names the plugins that do;
             no epoch end, end of training or plugin's ``next_due`` falls inside the group). Each
@@ -134,13 +131,9 @@ class Trainer:
         load_weights_only: from ``load_path`` take only the model's variables; time, optimizer
             and algorithm state start fresh.
         autoresume: continue from the newest complete checkpoint in ``save_folder`` that reads
-            back intact (then ``load_path`` is ignored), else start as usual. Corrupt checkpoints
-            (a missing item, an unreadable file, arrays whose checksum differs from the one saved)
-            are skipped, newest first, each named on stderr with why.
-        time_limit: a wall-clock budget for this process's training, e.g. ``'2h30m'`` or
-            ``'45m'``: once it is spent, ``fit`` finishes the current step, saves a checkpoint
-            (with ``save_folder``) and returns with ``trainer.stop_reason == 'time_limit'``; a
-            new run with ``autoresume=True`` continues it.
+            back intact (then ``load_path`` is ignored); corrupt ones are skipped, each named on stderr.
+        time_limit: a wall-clock budget (``'2h30m'``): then ``fit`` finishes the step, saves (with
+            ``save_folder``) and returns with ``trainer.stop_reason == 'time_limit'``.
         skip_nonfinite_updates: inside the compiled step, leave parameters, optimizer, model and
             algorithm state unchanged when the loss or any gradient is NaN or infinite (the
             batch still counts); ``train/skipped_nonfinite`` is 1.0 for such steps.
@@ -220,7 +213,7 @@ class Trainer:
         compute_dtype(precision)  # validates
         check_arguments(self.arguments)
         seed = check_seed(seed)  # 2**70 would overflow in jax.random.key, -1 or 2**32 would repeat another seed
-        optimizer = optimizers if optimizers is not None else optax.adam(1e-3)
+        optimizer = optimizers if optimizers is not None else optax.inject_hyperparams(optax.adam)(learning_rate=1e-3)
         if not isinstance(optimizer, optax.GradientTransformation):
             raise TypeError(f"optimizers is a {type(optimizer).__name__}; expected an optax GradientTransformation")
         self.time_limit = to_time_limit(time_limit)
@@ -271,6 +264,7 @@ class Trainer:
                                      device_train_microbatch_size, device_memory_budget,
                                      report=_print if run_summary else None)
             self.engine.run_event(Event.INIT)
+            apply_schedulers(self, schedulers, scale_schedule_ratio, step_schedulers_every_batch)
             self.runner.build()
             from composerjax.trainer.settings import hyperparameters
 
