@@ -133,7 +133,8 @@ class EMA(Algorithm):
         self.smoothing = float(smoothing) if smoothing is not None else ema_decay(self.half_life, self.update_interval)
         self._started = False
         self._training_params: Any = None
-        self._every_batch = self.update_interval == Time(1, TimeUnit.BATCH) and self.ema_start.value == 0
+        self._every_batch = (self.update_interval.unit is TimeUnit.BATCH and self.update_interval.value == 1
+                             and self.ema_start.value == 0)
 
     # -- device state ----------------------------------------------------------------------------
     def init_state(self, state: State) -> dict[str, Any]:
@@ -189,9 +190,9 @@ class EMA(Algorithm):
             return False
         per_epoch = state.dataloader_len
         if interval.unit == TimeUnit.BATCH:  # right after batch `last`, before its epoch closed
-            at = Timestamp(epoch=(last - 1) // per_epoch if per_epoch else timestamp.epoch, batch=last)
+            at = Timestamp(epoch=(last - 1) // per_epoch if per_epoch else timestamp.epoch.value, batch=last)
         else:
-            at = Timestamp(epoch=last, batch=last * per_epoch if per_epoch else timestamp.batch)
+            at = Timestamp(epoch=last, batch=last * per_epoch if per_epoch else timestamp.batch.value)
         return reached(self.ema_start, at, state)
 
     def apply(self, event: Event, state: State, logger: Logger) -> None:

@@ -243,7 +243,7 @@ class ProgressiveResizing(Algorithm):
         if self.mode == "crop":
             if self._crop_seed is None:
                 self._crop_seed = [int(word) for word in np.asarray(jax.random.key_data(state.rng)).ravel()]
-            rng = np.random.default_rng([*self._crop_seed, state.timestamp.batch])
+            rng = np.random.default_rng([*self._crop_seed, state.timestamp.batch.value])
         new_x, new_y = resize_batch(x, y, scale, self.mode, self.size_increment, self.resize_targets, rng)
         if new_x is not x:
             state.batch_set_item(self.input_key, new_x)

@@ -106,7 +106,7 @@ class SAM(Algorithm):
 
     def match(self, event: Event, state: State) -> bool:
         """Run at ``AFTER_BACKWARD`` on every ``interval``-th step (host decision, per batch)."""
-        return event == Event.AFTER_BACKWARD and (state.timestamp.batch + 1) % self.interval == 0
+        return event == Event.AFTER_BACKWARD and (state.timestamp.batch.value + 1) % self.interval == 0
 
     def apply(self, event: Event, state: State, logger: Logger) -> None:
         """Replace ``state.grads`` by the gradient at the perturbed weights, on the same batch."""

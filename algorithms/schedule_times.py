@@ -45,7 +45,7 @@ def reached(time: Time, timestamp: Timestamp, state: State) -> bool:
     if time.unit == TimeUnit.DURATION:
         total = state.batches_in_duration() if state.max_duration is not None else None
         if total:
-            return timestamp.batch / total >= time.value
+            return timestamp.batch.value / total >= time.value
         return state.max_duration is not None and timestamp.get_progress(state.max_duration) >= time.value
     return timestamp.get(time.unit).value >= time.value
 

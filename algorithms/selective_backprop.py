@@ -180,7 +180,7 @@ class SelectiveBackprop(Algorithm):
     def match(self, event: Event, state: State) -> bool:
         if event != Event.BEFORE_FORWARD or self.keep >= 1:
             return False
-        return should_selective_backprop(state.progress, state.timestamp.batch_in_epoch, self.start,
+        return should_selective_backprop(state.progress, state.timestamp.batch_in_epoch.value, self.start,
                                          self.end, self.interrupt)
 
     def apply(self, event: Event, state: State, logger: Logger) -> None:

@@ -138,7 +138,7 @@ class SWA(Algorithm):
         by_batch = self.update_interval.unit == TimeUnit.BATCH
         if self._completed and not by_batch:
             return False
-        done = state.timestamp.batch
+        done = state.timestamp.batch.value
         if event == Event.AFTER_OPTIMIZER_STEP:
             return (by_batch and not self._completed_by(done, state)
                     and self._window_steps_by(done, state) % self.update_interval.value == 0
@@ -152,7 +152,7 @@ class SWA(Algorithm):
     def _at_batch_end(self, batch: int, state: State) -> Timestamp:
         """The clock as ``BATCH_END`` of batch ``batch`` saw it (its epoch not closed yet)."""
         per_epoch = state.dataloader_len
-        epoch = (batch - 1) // per_epoch if per_epoch else state.timestamp.epoch
+        epoch = (batch - 1) // per_epoch if per_epoch else state.timestamp.epoch.value
         return Timestamp(epoch=epoch, batch=batch)
 
     def _completed_by(self, batch: int, state: State) -> bool:

@@ -110,7 +110,7 @@ class StepTimer(Callback):
         else:
             kind = "quiet"
         # A new epoch's first step also builds the loader's iterator: left out of every kind.
-        if self._last is not None and state.timestamp.batch_in_epoch != 1:
+        if self._last is not None and state.timestamp.batch_in_epoch.value != 1:
             self.times[kind].append(now - self._last)
         self._last = now
 
@@ -122,7 +122,7 @@ class StepTimer(Callback):
             if not running:
                 self.flight_lengths.append(self._flight)
                 self._flight = 0
-        self._save_started = bool(self.save_every) and state.timestamp.batch % self.save_every == 0
+        self._save_started = bool(self.save_every) and state.timestamp.batch.value % self.save_every == 0
         if self._save_started and self._flight:  # the previous save outlived the interval
             self.flight_lengths.append(self._flight)
             self._flight = 0
@@ -194,7 +194,7 @@ class WindowTimer(Callback):
         self._start = self._interval_start = None  # only spans inside one fit (the other trainer runs between)
 
     def batch_end(self, state: Any, logger: Any) -> None:
-        offset = state.timestamp.batch % self.save_every
+        offset = state.timestamp.batch.value % self.save_every
         if offset == 0:  # BATCH_END of a due batch comes before the trainer's save()
             state.loss.block_until_ready()
             now = time.perf_counter()

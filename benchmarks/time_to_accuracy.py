@@ -48,7 +48,7 @@ def accuracy_curve(seed: int, algorithms: list[Any], epochs: int) -> list[tuple[
         trainer.fit("1ep")
         jax.block_until_ready(trainer.state.train_state)
         seconds += time.perf_counter() - start
-        curve.append((seconds, trainer.eval(test)["accuracy"]))
+        curve.append((seconds, trainer.eval(test)["MulticlassAccuracy"]))
     return curve
 
 

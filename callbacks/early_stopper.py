@@ -23,7 +23,7 @@ COMPARISONS: dict[str, Callable[[float, float], bool]] = {
 }
 
 # Metrics whose names contain one of these are better when lower.
-_LOWER_IS_BETTER = ("loss", "error", "perplexity", "cross_entropy")
+_LOWER_IS_BETTER = ("loss", "error", "perplexity", "cross_entropy", "crossentropy")
 
 
 def resolve_comparison(comparison: str | Callable[[float, float], bool] | None, monitor: str,
@@ -31,7 +31,7 @@ def resolve_comparison(comparison: str | Callable[[float, float], bool] | None, 
     """The comparison function for ``comparison``; ``None`` picks 'less' for loss-like metrics, else 'greater'.
 
     Example:
-        >>> resolve_comparison(None, 'cross_entropy')(0.5, 0.7), resolve_comparison(None, 'accuracy')(0.5, 0.7)
+        >>> resolve_comparison(None, 'CrossEntropy')(0.5, 0.7), resolve_comparison(None, 'MulticlassAccuracy')(0.5, 0.7)
         (True, False)
     """
     if comparison is None:
@@ -86,7 +86,7 @@ class MetricReader:
 
     def __init__(self, monitor: str, dataloader_label: str, owner: str = "MetricReader") -> None:
         if not isinstance(monitor, str) or not monitor:
-            raise ValueError(f"{owner}(monitor={monitor!r}): expected the name of a metric, e.g. 'accuracy'")
+            raise ValueError(f"{owner}(monitor={monitor!r}): expected the name of a metric, e.g. 'MulticlassAccuracy'")
         if not isinstance(dataloader_label, str) or not dataloader_label:
             raise ValueError(f"{owner}(dataloader_label={dataloader_label!r}): expected 'eval' (the trainer's "
                              "eval metrics), 'train' (logged train values) or another key of state.metrics")
@@ -153,7 +153,7 @@ class EarlyStopper(Callback):
     ``state.stop_training()`` ends training after the current batch or epoch.
 
     Args:
-        monitor: the metric's name, e.g. ``'accuracy'``, ``'cross_entropy'``, or for train values
+        monitor: the metric's name, e.g. ``'MulticlassAccuracy'``, ``'CrossEntropy'``, or for train values
             ``'loss'`` or a step metric's name.
         dataloader_label: ``'eval'`` for the trainer's eval metrics (``state.metrics['eval']``),
             ``'train'`` for logged train values, or another key of ``state.metrics``.
@@ -167,12 +167,12 @@ class EarlyStopper(Callback):
     Example::
 
         trainer = Trainer(model, train_loader, max_duration='100ep', eval_dataloader=val_loader,
-                          callbacks=[EarlyStopper('accuracy', 'eval', patience=3)])
+                          callbacks=[EarlyStopper('MulticlassAccuracy', 'eval', patience=3)])
     """
 
     def __init__(
         self,
-        monitor: str = "accuracy",
+        monitor: str = "MulticlassAccuracy",
         dataloader_label: str = "eval",
         comparison: str | Callable[[float, float], bool] | None = None,
         min_delta: float = 0.0,
@@ -205,12 +205,12 @@ class EarlyStopper(Callback):
         timestamp = state.timestamp
         best = self.best
         if best is None or (self.comparison(value, best) and abs(value - best) > self.min_delta):
-            self.best, self.best_epoch, self.best_batch = value, timestamp.epoch, timestamp.batch
+            self.best, self.best_epoch, self.best_batch = value, timestamp.epoch.value, timestamp.batch.value
             return
         if self.patience.unit == TimeUnit.EPOCH:
-            waited = timestamp.epoch - self.best_epoch
+            waited = timestamp.epoch.value - self.best_epoch
         else:
-            waited = timestamp.batch - self.best_batch
+            waited = timestamp.batch.value - self.best_batch
         if waited > self.patience.value:
             state.stop_training()
 

@@ -71,12 +71,12 @@ class ImageVisualizer(Callback):
 
     def batch_end(self, state: State, logger: Logger) -> None:
         interval = self.interval
-        if interval.unit == TimeUnit.BATCH and state.timestamp.batch % interval.value == 0:
+        if interval.unit == TimeUnit.BATCH and state.timestamp.batch.value % interval.value == 0:
             self._log(state, logger, "images/train")
 
     def epoch_end(self, state: State, logger: Logger) -> None:
         interval = self.interval
-        if interval.unit == TimeUnit.EPOCH and state.timestamp.epoch % interval.value == 0:
+        if interval.unit == TimeUnit.EPOCH and state.timestamp.epoch.value % interval.value == 0:
             self._log(state, logger, "images/train")
 
     def eval_start(self, state: State, logger: Logger) -> None:
@@ -88,7 +88,7 @@ class ImageVisualizer(Callback):
             self._log(state, logger, "images/eval")
 
     def _log(self, state: State, logger: Logger, name: str) -> None:
-        step = state.timestamp.batch
+        step = state.timestamp.batch.value
         images = state.batch_get_item(self.input_key)[: self.num_images]
         logger.log_images(images, name=name, step=step, channels_last=self.channels_last)
         if self.mode == "segmentation":

@@ -99,7 +99,7 @@ class MemoryMonitor(Callback):
         self._devices: list[jax.Device] | None = None
 
     def batch_end(self, state: State, logger: Logger) -> None:
-        if state.timestamp.batch % self.interval:
+        if state.timestamp.batch.value % self.interval:
             return
         if self._devices is None:
             mesh = state.mesh

@@ -129,7 +129,7 @@ class NaNMonitor(Callback):
         variant = metrics.pop(_VARIANT, None)  # not a metric worth logging
         if variant is None:
             return
-        batch = state.timestamp.batch
+        batch = state.timestamp.batch.value
         if self.check_interval is None:
             self._variants[batch] = variant
             self._check_logged(state)

@@ -125,7 +125,7 @@ class OptimizerMonitor(Callback):
 
     # -- on the host -----------------------------------------------------------------------------
     def batch_end(self, state: State, logger: Logger) -> None:
-        if state.timestamp.batch % self.batch_log_interval:
+        if state.timestamp.batch.value % self.batch_log_interval:
             step_metrics = state.step_metrics
             for name in self._metric_names:
                 step_metrics.pop(name, None)

@@ -77,7 +77,7 @@ class Profiler(Callback):
             self.trace_dir = trace_dir
             self._tracing = True
         if self._tracing:
-            self.traced_batches.append(state.timestamp.batch)
+            self.traced_batches.append(state.timestamp.batch.value)
         self._seen += 1
 
     def batch_end(self, state: State, logger: Logger) -> None:

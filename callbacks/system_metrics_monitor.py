@@ -196,14 +196,14 @@ class SystemMetricsMonitor(Callback):
         self.sampler = SystemSampler()
 
     def batch_end(self, state: State, logger: Logger) -> None:
-        if self.interval.unit == TimeUnit.BATCH and state.timestamp.batch % self.interval.value == 0:
+        if self.interval.unit == TimeUnit.BATCH and state.timestamp.batch.value % self.interval.value == 0:
             self._log(state, logger)
 
     def epoch_end(self, state: State, logger: Logger) -> None:
-        if self.interval.unit == TimeUnit.EPOCH and state.timestamp.epoch % self.interval.value == 0:
+        if self.interval.unit == TimeUnit.EPOCH and state.timestamp.epoch.value % self.interval.value == 0:
             self._log(state, logger)
 
     def _log(self, state: State, logger: Logger) -> None:
         if self.sampler is None:
             self.sampler = SystemSampler()
-        logger.log_metrics(self.sampler.sample(), step=state.timestamp.batch)
+        logger.log_metrics(self.sampler.sample(), step=state.timestamp.batch.value)

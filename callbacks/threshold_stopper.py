@@ -21,7 +21,7 @@ class ThresholdStopper(Callback):
     batch-level stop comes at the first batch end after the crossing value was fetched.
 
     Args:
-        monitor: the metric's name (``'accuracy'``; ``'loss'`` or a step metric for train values).
+        monitor: the metric's name (``'MulticlassAccuracy'``; ``'loss'`` or a step metric for train values).
         dataloader_label: ``'eval'`` (``state.metrics['eval']``), ``'train'`` (logged train values) or
             another key of ``state.metrics``.
         threshold: the value to cross.
@@ -34,7 +34,7 @@ class ThresholdStopper(Callback):
     Example::
 
         trainer = Trainer(model, train_loader, max_duration='100ep', eval_dataloader=val_loader,
-                          callbacks=[ThresholdStopper('accuracy', 'eval', threshold=0.95)])
+                          callbacks=[ThresholdStopper('MulticlassAccuracy', 'eval', threshold=0.95)])
     """
 
     def __init__(

@@ -166,8 +166,8 @@ class TraceRecorder(LoggerDestination):
         if name == "fit":
             return {}
         if name == "epoch":
-            return {"epoch": state.timestamp.epoch}
-        return {"batch": state.timestamp.batch}
+            return {"epoch": state.timestamp.epoch.value}
+        return {"batch": state.timestamp.batch.value}
 
     def _close_span(self, name: str, now: float, state: State) -> None:
         opened = self._open.pop(name, None)
@@ -177,7 +177,7 @@ class TraceRecorder(LoggerDestination):
         duration = now - start
         if name == "train_step":
             # The trainer timed the dispatch itself (batch_wct): exact, without the callbacks' time.
-            duration = state.timestamp.batch_wct or duration
+            duration = state.timestamp.counts.batch_wct or duration
             traced = [trace.key for _, trace in self._traces[self._step_first_trace:] if trace.traced]
             if traced:
                 args["algorithms"] = traced

@@ -166,7 +166,7 @@ def train_command(args: argparse.Namespace) -> int:
         raise UsageError(str(error)) from None
     try:
         trainer.fit()
-        results = trainer.eval() if trainer.eval_dataloader is not None else None
+        results = trainer.eval() if trainer.state.evaluators else None
     except BatchError as error:  # the data does not fit the recipe's model (labels >= num_classes, shapes)
         raise UsageError(str(error)) from None
     finally:

@@ -47,7 +47,7 @@ def train(name: str, duration: str, algorithms: list) -> dict:
     results = trainer.eval()
     trainer.close()
     return {"name": name, "duration": duration, "seconds": seconds, "compiles": trainer.compile_count,
-            "batches": trainer.state.timestamp.batch, "log": log_path, **results}
+            "batches": trainer.state.timestamp.batch.value, "log": log_path, **results}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -64,8 +64,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{'run':10s} {'duration':>8s} {'batches':>8s} {'test acc':>9s} {'test CE':>8s} {'wall s':>7s} "
           f"{'compiles':>8s}  logs")
     for run in runs:
-        print(f"{run['name']:10s} {run['duration']:>8s} {run['batches']:8d} {run['accuracy']:9.4f} "
-              f"{run['cross_entropy']:8.4f} {run['seconds']:7.2f} {run['compiles']:8d}  {run['log']}")
+        print(f"{run['name']:10s} {run['duration']:>8s} {run['batches']:8d} {run['MulticlassAccuracy']:9.4f} "
+              f"{run['CrossEntropy']:8.4f} {run['seconds']:7.2f} {run['compiles']:8d}  {run['log']}")
 
 
 if __name__ == "__main__":

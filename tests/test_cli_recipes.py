@@ -112,7 +112,7 @@ def test_train_runs_a_recipe_end_to_end_with_overrides(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "run tiny: 2 batches (0 epochs complete)" in result.stdout  # --set max_duration=2ba beat the recipe's 1ep
     assert "final train loss" in result.stdout
-    assert "accuracy" in result.stdout and "cross_entropy" in result.stdout
+    assert "MulticlassAccuracy" in result.stdout and "CrossEntropy" in result.stdout
     assert "s wall" in result.stdout
 
 

@@ -12,7 +12,7 @@ from composerjax.core.passes import (
     warn_if_multiple_loss_interpolation,
 )
 from composerjax.core.state import State
-from composerjax.core.time import Time, Timestamp, TimeUnit
+from composerjax.core.time import Time, Timestamp, TimeUnit, ensure_time
 from composerjax.core.trace import Trace
 from composerjax.core.train_state import TrainState
 
@@ -30,6 +30,7 @@ __all__ = [
     "TimeUnit",
     "Timestamp",
     "Trace",
+    "ensure_time",
     "set_filo_order",
     "sort_run_first_and_last",
     "warn_if_multiple_loss_interpolation",

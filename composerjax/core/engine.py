@@ -135,7 +135,7 @@ class Engine:
         if not matched:
             return traces
         traced = event.is_traced
-        batch = state.timestamp.batch
+        batch = state.timestamp.counts.batch
         for order, (key, algorithm) in enumerate(_keyed(self._order(event, matched), event)):
             start = time.perf_counter()
             exit_code = self._apply(algorithm, event, state)
@@ -340,7 +340,7 @@ def _traced_listener(callback: Callback, event: Event, listener: Callable[[State
     def traced(state: State, logger_: Any) -> None:
         start = time.perf_counter()
         if listener(state, logger_):
-            trace = Trace(name, event, None, 0, True, False, state.timestamp.batch, time.perf_counter() - start,
+            trace = Trace(name, event, None, 0, True, False, state.timestamp.counts.batch, time.perf_counter() - start,
                           "callback")
             trace_log.append(trace)
             log_traces = getattr(logger, "log_traces", None)

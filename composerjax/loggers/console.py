@@ -29,8 +29,8 @@ class ConsoleLogger(LoggerDestination):
         >>> ConsoleLogger().log_metrics({'loss/train/total': 0.5}, step=10)
         [batch 10] loss/train/total: 0.5
         >>> ConsoleLogger(interval=4).log_metrics({'loss/train/total': 0.5}, step=10)
-        >>> ConsoleLogger(interval=4).log_metrics({'metrics/eval/accuracy': 0.875}, step=10)
-        [batch 10] metrics/eval/accuracy: 0.875
+        >>> ConsoleLogger(interval=4).log_metrics({'metrics/eval/MulticlassAccuracy': 0.875}, step=10)
+        [batch 10] metrics/eval/MulticlassAccuracy: 0.875
     """
 
     def __init__(self, interval: int = 1, stream: TextIO | None = None) -> None:

@@ -59,7 +59,7 @@ class Logger:
     per call, and only when some destination handles them.
 
     Args:
-        state: the training state (gives the default ``step``: ``state.timestamp.batch``).
+        state: the training state (gives the default ``step``: the int ``state.timestamp.batch.value``).
         destinations: the destinations to forward to.
 
     Example:
@@ -83,7 +83,7 @@ class Logger:
 
     def _step(self, step: int | None) -> int | None:
         if step is None and self._state is not None:
-            return self._state.timestamp.batch
+            return self._state.timestamp.counts.batch
         return step
 
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:

@@ -20,8 +20,8 @@ class ProgressBarLogger(LoggerDestination):
 
     The run bar counts batches up to ``max_duration`` (its total is unknown for durations that cannot
     be converted to batches in advance) and shows the latest training loss and eval metrics
-    (``loss=0.41, accuracy=0.9``; other evaluators as ``<evaluator>/<metric>``); it stays on screen at
-    the end. The epoch bar (``epoch N``, batches of the epoch) is replaced by the next
+    (``loss=0.41, MulticlassAccuracy=0.9``; other evaluators as ``<evaluator>/<metric>``); it stays on
+    screen at the end. The epoch bar (``epoch N``, batches of the epoch) is replaced by the next
     epoch's. Bars advance at ``batch_end`` with no device sync: the loss shown is the one the trainer
     last fetched (every ``log_interval`` batches).
 
@@ -74,18 +74,18 @@ class ProgressBarLogger(LoggerDestination):
         if self.disable:
             return
         self._close_bars()
-        self.run_bar = self._new_bar(desc="fit", total=state.batches_in_duration(), initial=state.timestamp.batch,
-                                     position=0, leave=True)
+        self.run_bar = self._new_bar(desc="fit", total=state.batches_in_duration(),
+                                     initial=state.timestamp.counts.batch, position=0, leave=True)
         self.run_bar.set_postfix(self._postfix, refresh=False)
-        if state.timestamp.batch_in_epoch:  # resumed mid-epoch: no EPOCH_START for this one
+        if state.timestamp.counts.batch_in_epoch:  # resumed mid-epoch: no EPOCH_START for this one
             self.epoch_start(state, logger)
 
     def epoch_start(self, state: State, logger: Logger) -> None:
         if self.disable:
             return
         self._close_epoch_bar()
-        self.epoch_bar = self._new_bar(desc=f"epoch {state.timestamp.epoch}", total=state.dataloader_len,
-                                       initial=state.timestamp.batch_in_epoch,
+        self.epoch_bar = self._new_bar(desc=f"epoch {state.timestamp.counts.epoch}", total=state.dataloader_len,
+                                       initial=state.timestamp.counts.batch_in_epoch,
                                        position=1 if self.run_bar is not None else 0, leave=self.run_bar is None)
 
     def batch_end(self, state: State, logger: Logger) -> None:
@@ -153,6 +153,6 @@ def _terminal_width(stream: Any) -> int | None:
 
 
 def _short_name(name: str) -> str:
-    """``metrics/eval/accuracy`` -> ``accuracy``; ``metrics/<evaluator>/<metric>`` -> ``<evaluator>/<metric>``."""
+    """``metrics/eval/<metric>`` -> ``<metric>``; ``metrics/<label>/<metric>`` -> ``<label>/<metric>``."""
     name = name.removeprefix("metrics/")
     return name.removeprefix("eval/")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
@@ -10,11 +11,16 @@ import numpy as np
 import optax
 from flax import nnx
 
+from composerjax.metrics import CrossEntropy, Metric, MulticlassAccuracy, named_metrics
+
 __all__ = ["ComposerModel", "ComposerClassifier", "MetricSums"]
 
-#: Metrics leave a step as ``{name: (sum, count)}``; the trainer adds them up over batches and
-#: divides at the end, so means over uneven batches stay exact.
+#: The older way to give eval metrics: ``ComposerModel.metrics`` returns ``{name: (sum, count)}``;
+#: each pair becomes a :class:`~composerjax.metrics.MeanMetric` (sum over count at the end).
 MetricSums = dict[str, tuple[jax.Array, jax.Array]]
+
+#: What ``train_metrics`` / ``val_metrics`` accept: one metric, a sequence (named by class) or ``{name: metric}``.
+MetricsArgument = Metric | Sequence[Metric] | Mapping[str, Metric]
 
 _maximum = np.maximum.reduce  # ndarray.max without its Python-level argument handling
 _UNSIGNED = {np.dtype(f"i{size}"): np.dtype(f"u{size}") for size in (1, 2, 4, 8)}
@@ -23,8 +29,11 @@ _UNSIGNED = {np.dtype(f"i{size}"): np.dtype(f"u{size}") for size in (1, 2, 4, 8)
 class ComposerModel(nnx.Module):
     """A model the trainer can drive: ``forward`` on a batch, ``loss`` of its outputs, eval metrics.
 
-    Subclass it and implement ``forward`` and ``loss``; ``eval_forward`` and ``metrics`` have
-    defaults. Everything here runs inside the compiled step and must be traceable.
+    Subclass it and implement ``forward`` and ``loss``; ``eval_forward`` has a default. Eval
+    metrics come as Composer's: :meth:`get_metrics` names the metric objects
+    (:mod:`composerjax.metrics`) and :meth:`update_metric` feeds one a batch. With no
+    ``get_metrics``, the ``(sum, count)`` pairs of :meth:`metrics` are averaged (the loss by
+    default). Everything here runs inside the compiled step and must be traceable.
 
     Example:
         >>> class Regressor(ComposerModel):
@@ -52,8 +61,38 @@ class ComposerModel(nnx.Module):
         """Return the outputs used for eval metrics (``forward`` by default)."""
         return outputs if outputs is not None else self.forward(batch)
 
+    def get_metrics(self, is_train: bool = False) -> dict[str, Metric]:
+        """Return ``{name: metric}``, the metrics to compute on eval (or train) batches (Composer's method).
+
+        The default is none. The eval step calls it inside the trace and computes, for every
+        metric an evaluator selects, ``update_metric``'s state of each batch; the states merge
+        exactly over batches, devices and processes, and are logged as
+        ``metrics/<label>/<name>``. With no eval metrics, the pairs of :meth:`metrics` are used.
+        Train metrics (``is_train=True``) are off by default, as in Composer.
+
+        Example:
+            >>> from composerjax.metrics import MeanSquaredError
+            >>> class Regressor(ComposerModel):
+            ...     def get_metrics(self, is_train=False):
+            ...         return {} if is_train else {"MeanSquaredError": MeanSquaredError()}
+            >>> list(Regressor().get_metrics())
+            ['MeanSquaredError']
+        """
+        return {}
+
+    def update_metric(self, batch: Any, outputs: Any, metric: Metric) -> Metric:
+        """Return ``metric`` updated with one batch: ``metric.update(outputs, targets)`` for your targets.
+
+        Composer's method mutates the metric; here metrics are values, so return the updated one
+        (called on the metric as ``get_metrics`` gave it, that is the batch's state). It runs
+        inside the compiled eval step on ``eval_forward``'s outputs.
+        """
+        raise NotImplementedError(
+            f"{type(self).__name__}.get_metrics() returned metrics: implement update_metric(batch, outputs, metric) "
+            "returning metric.update(outputs, targets)")
+
     def metrics(self, outputs: Any, batch: Any) -> MetricSums:
-        """Return eval metrics as ``{name: (sum, count)}``; the default is the loss."""
+        """Return eval metrics as ``{name: (sum, count)}`` when :meth:`get_metrics` gives none; default: the loss."""
         count = jnp.asarray(jax.tree.leaves(batch)[0].shape[0], jnp.float32)
         return {"loss": (self.loss(outputs, batch) * count, count)}
 
@@ -84,25 +123,41 @@ class ComposerClassifier(ComposerModel):
     """Wrap a module mapping inputs to logits into a classifier for ``(x, y)`` batches.
 
     ``y`` may hold integer labels or one-hot / soft targets (as MixUp or label smoothing produce).
-    The loss is cross-entropy; eval metrics are ``accuracy`` and ``cross_entropy``. Integer
-    labels outside ``[0, num_classes)`` are refused by :meth:`check_batch`, which the trainer runs
-    on every numpy train and eval batch.
+    The loss is cross-entropy. Eval metrics are Composer's: ``CrossEntropy`` and
+    ``MulticlassAccuracy`` (micro). Train metrics are off unless ``train_metrics`` is given
+    (Composer's classifier names ``MulticlassAccuracy`` but computes it only with
+    ``compute_training_metrics``; here returning train metrics turns them on). Integer labels
+    outside ``[0, num_classes)`` are refused by :meth:`check_batch`, which the trainer runs on
+    every numpy train and eval batch.
 
     Args:
         module: an ``nnx.Module`` called as ``module(x)`` that returns logits.
         num_classes: the number of classes (checked against the logits' last dimension).
+        train_metrics: metrics to compute on train batches: a metric, a sequence (named by
+            class, as a ``MetricCollection``) or ``{name: metric}``; None for none.
+        val_metrics: the eval metrics instead, in the same forms.
 
     Example:
         >>> clf = ComposerClassifier(nnx.Linear(4, 3, rngs=nnx.Rngs(0)), num_classes=3)
         >>> clf.forward((jnp.ones((2, 4)), jnp.array([0, 2]))).shape
         (2, 3)
+        >>> sorted(clf.get_metrics())
+        ['CrossEntropy', 'MulticlassAccuracy']
     """
 
-    def __init__(self, module: nnx.Module, num_classes: int) -> None:
+    def __init__(self, module: nnx.Module, num_classes: int, train_metrics: MetricsArgument | None = None,
+                 val_metrics: MetricsArgument | None = None) -> None:
         if not isinstance(num_classes, int) or num_classes < 2:
             raise ValueError(f"num_classes={num_classes!r}: expected an integer >= 2")
         self.module = module
         self.num_classes = num_classes
+        if train_metrics is None:
+            train_metrics = {}
+        if val_metrics is None:
+            val_metrics = [CrossEntropy(), MulticlassAccuracy(num_classes=num_classes, average="micro")]
+        # Kept as (name, metric) pairs: a module's static attributes must be hashable.
+        self.train_metrics = tuple(named_metrics(train_metrics).items())
+        self.val_metrics = tuple(named_metrics(val_metrics).items())
 
     def forward(self, batch: Any) -> jax.Array:
         """Logits of ``module(x)`` for a batch ``(x, y)``."""
@@ -160,14 +215,18 @@ class ComposerClassifier(ComposerModel):
             f"labels are out of range (min {int(labels.min())}, max {int(labels.max())}). A label >= num_classes "
             "makes the loss NaN and a negative one is silently ignored: fix the data or num_classes")
 
-    def metrics(self, outputs: jax.Array, batch: Any) -> MetricSums:
-        """``accuracy`` and ``cross_entropy`` as (sum, count) pairs."""
-        targets = batch[1]
-        labels = jnp.argmax(targets, axis=-1) if targets.ndim == outputs.ndim else targets
-        # One prediction per label: (N,) for images, (N, T) for sequences.
-        count = jnp.asarray(labels.size, jnp.float32)
-        correct = jnp.sum((jnp.argmax(outputs, axis=-1) == labels).astype(jnp.float32))
-        return {
-            "accuracy": (correct, count),
-            "cross_entropy": (cross_entropy(outputs, targets) * count, count),
-        }
+    def get_metrics(self, is_train: bool = False) -> dict[str, Metric]:
+        """``{name: metric}``: the train metrics or the eval metrics given (or Composer's defaults)."""
+        return dict(self.train_metrics if is_train else self.val_metrics)
+
+    def update_metric(self, batch: Any, outputs: Any, metric: Metric) -> Metric:
+        """``metric`` updated with the logits ``outputs`` against ``y = batch[1]``.
+
+        Example:
+            >>> clf = ComposerClassifier(nnx.Linear(4, 3, rngs=nnx.Rngs(0)), num_classes=3)
+            >>> metric = clf.get_metrics()["MulticlassAccuracy"]
+            >>> logits = jnp.array([[2.0, 0.0, 0.0], [0.0, 2.0, 0.0]])
+            >>> float(clf.update_metric((None, jnp.array([0, 2])), logits, metric).compute())
+            0.5
+        """
+        return metric.update(outputs, batch[1])

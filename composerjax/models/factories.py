@@ -9,7 +9,7 @@ from __future__ import annotations
 from flax import nnx
 
 from composerjax.models.composer_model import ComposerClassifier
-from composerjax.models.gpt import TinyGPT
+from composerjax.models.gpt import TinyGPT, language_metrics
 from composerjax.models.mlp import MLP
 from composerjax.models.resnet import SmallResNet
 from composerjax.models.small_cnn import SmallCNN
@@ -54,7 +54,8 @@ def tiny_gpt(vocab_size: int = 256, dim: int = 64, depth: int = 2, num_heads: in
              seed: int = 0) -> ComposerClassifier:
     """Return a :class:`TinyGPT` next-token model: ``(N, T)`` int tokens to ``(N, T, vocab_size)`` logits.
 
-    Pairs with the ``pydoc_text`` data (bytes, ``vocab_size=256``).
+    Pairs with the ``pydoc_text`` data (bytes, ``vocab_size=256``). Its eval metrics are the
+    language-model ones (:func:`~composerjax.models.gpt.language_metrics`).
 
     Args:
         vocab_size: the number of distinct tokens.
@@ -72,7 +73,7 @@ def tiny_gpt(vocab_size: int = 256, dim: int = 64, depth: int = 2, num_heads: in
     """
     module = TinyGPT(vocab_size=vocab_size, dim=dim, depth=depth, num_heads=num_heads, max_length=max_length,
                      rngs=nnx.Rngs(seed))
-    return ComposerClassifier(module, vocab_size)
+    return ComposerClassifier(module, vocab_size, val_metrics=language_metrics())
 
 
 def mlp(sizes: list[int], seed: int = 0) -> ComposerClassifier:

@@ -8,15 +8,17 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from clu import metrics as clu_metrics
 from flax import nnx
 
+from composerjax.metrics import Metric, mean_metrics, select_metrics
 from composerjax.models.composer_model import ComposerModel, MetricSums
 
 __all__ = ["ModelFunctions", "model_functions"]
 
 
 class ModelFunctions:
-    """The four calls a step makes on a model, whatever kind of model it is, and a host check of its batches.
+    """The calls a step makes on a model, whatever kind of model it is, and a host check of its batches.
 
     ``loss`` returns ``(loss, metrics)``: metrics is a dict of arrays that joins
     ``state.step_metrics``.
@@ -45,7 +47,13 @@ class ModelFunctions:
              ) -> tuple[jax.Array, dict[str, jax.Array]]:
         raise NotImplementedError
 
-    def metrics(self, model: nnx.Module, batch: Any) -> tuple[Any, MetricSums]:
+    def eval_forward(self, model: nnx.Module, batch: Any) -> Any:
+        """The outputs the eval metrics read (None for a model without a forward of its own)."""
+        raise NotImplementedError
+
+    def metric_states(self, model: nnx.Module, batch: Any, outputs: Any, metric_names: Any = None
+                      ) -> dict[str, Metric]:
+        """``{name: state}`` of one batch for the eval metrics ``metric_names`` selects (regexes; None: all)."""
         raise NotImplementedError
 
     def predict(self, model: nnx.Module, batch: Any) -> Any:
@@ -70,9 +78,23 @@ class _ComposerModelFunctions(ModelFunctions):
              ) -> tuple[jax.Array, dict[str, jax.Array]]:
         return model.loss(outputs, batch), {}
 
-    def metrics(self, model: ComposerModel, batch: Any) -> tuple[Any, MetricSums]:
-        outputs = model.eval_forward(batch)
-        return outputs, model.metrics(outputs, batch)
+    def eval_forward(self, model: ComposerModel, batch: Any) -> Any:
+        return model.eval_forward(batch)
+
+    def metric_states(self, model: ComposerModel, batch: Any, outputs: Any, metric_names: Any = None
+                      ) -> dict[str, Metric]:
+        metrics = model.get_metrics(is_train=False)
+        if not metrics:  # a model of the older kind: its (sum, count) pairs, averaged
+            return select_metrics(mean_metrics(model.metrics(outputs, batch)), metric_names)
+        states = {}
+        for name, metric in select_metrics(metrics, metric_names).items():
+            state = model.update_metric(batch, outputs, metric)
+            if not isinstance(state, clu_metrics.Metric):
+                raise TypeError(f"{type(model).__name__}.update_metric(batch, outputs, metric) returned "
+                                f"{type(state).__name__} for {name!r}: return the updated metric "
+                                "(metric.update(outputs, targets)); metrics are values here, not updated in place")
+            states[name] = state
+        return states
 
     def predict(self, model: ComposerModel, batch: Any) -> Any:
         return model.eval_forward(batch)
@@ -112,13 +134,17 @@ class _LossFunctionModel(ModelFunctions):
              ) -> tuple[jax.Array, dict[str, jax.Array]]:
         return self._call(model, batch, rng, step)
 
-    def metrics(self, model: nnx.Module, batch: Any) -> tuple[Any, MetricSums]:
+    def eval_forward(self, model: nnx.Module, batch: Any) -> Any:
+        return None
+
+    def metric_states(self, model: nnx.Module, batch: Any, outputs: Any, metric_names: Any = None
+                      ) -> dict[str, Metric]:
         loss, extra = self._call(model, batch, jax.random.key(0), jnp.zeros((), jnp.int32))
         count = jnp.asarray(jax.tree.leaves(batch)[0].shape[0], jnp.float32)
         sums: MetricSums = {"loss": (loss * count, count)}
         for name, value in extra.items():
             sums[name] = (jnp.mean(value) * count, count)
-        return None, sums
+        return select_metrics(mean_metrics(sums), metric_names)
 
     def predict(self, model: nnx.Module, batch: Any) -> Any:
         inputs = batch[0] if isinstance(batch, (tuple, list)) else batch

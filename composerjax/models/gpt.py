@@ -6,7 +6,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-__all__ = ["CausalSelfAttention", "FeedForward", "DecoderBlock", "PositionEmbedding", "TinyGPT"]
+from composerjax.metrics import LanguageCrossEntropy, LanguagePerplexity, MaskedAccuracy, Metric
+
+__all__ = ["CausalSelfAttention", "FeedForward", "DecoderBlock", "PositionEmbedding", "TinyGPT", "language_metrics"]
 
 
 class CausalSelfAttention(nnx.Module):
@@ -101,3 +103,25 @@ class TinyGPT(nnx.Module):
         for block in self.blocks:
             x = block(x)
         return self.head(self.norm(x))
+
+
+def language_metrics(ignore_index: int = -100) -> dict[str, Metric]:
+    """Composer's eval metrics for a next-token model: LanguageCrossEntropy, LanguagePerplexity, MaskedAccuracy.
+
+    Each is a mean over the tokens of every batch, leaving out the label ``ignore_index`` (padding).
+    Give them to the classifier that wraps the model:
+    ``ComposerClassifier(TinyGPT(...), vocab_size, val_metrics=language_metrics())``.
+
+    Example:
+        >>> metrics = language_metrics()
+        >>> list(metrics)
+        ['LanguageCrossEntropy', 'LanguagePerplexity', 'MaskedAccuracy']
+        >>> logits, tokens = jnp.zeros((1, 2, 4)), jnp.array([[3, -100]])  # uniform over 4 tokens, one padded
+        >>> round(float(metrics["LanguagePerplexity"].update(logits, tokens).compute()), 4)
+        4.0
+    """
+    return {
+        "LanguageCrossEntropy": LanguageCrossEntropy(ignore_index=ignore_index),
+        "LanguagePerplexity": LanguagePerplexity(ignore_index=ignore_index),
+        "MaskedAccuracy": MaskedAccuracy(ignore_index=ignore_index),
+    }

@@ -157,11 +157,17 @@ class StepBuilder:
             )
         return step
 
-    def eval_step(self, plan: Plan) -> Any:
-        """The compiled ``(params, rest, algorithm_state, batch) -> {metric: (sum, count)}`` for ``plan``."""
-        step = self._eval.get(plan)
+    def eval_step(self, plan: Plan, metric_names: tuple[str, ...] | None = None) -> Any:
+        """The compiled ``(params, rest, algorithm_state, batch) -> {metric: batch state}`` for ``plan``.
+
+        ``metric_names`` (regexes, None: all) selects the model's eval metrics at trace time, so
+        each selection compiles once. The states leave replicated: merging and computing them
+        then never reads an array another process holds.
+        """
+        key = (plan, metric_names)
+        step = self._eval.get(key)
         if step is None:
-            step = self._eval[plan] = jax.jit(self._eval_fn(plan))
+            step = self._eval[key] = jax.jit(self._eval_fn(plan, metric_names), out_shardings=self.replicated)
         return step
 
     def predict_step(self, plan: Plan) -> Any:
@@ -354,9 +360,10 @@ class StepBuilder:
         view.grads = grads
         return grads, rest
 
-    def _eval_fn(self, plan: Plan) -> Any:
+    def _eval_fn(self, plan: Plan, metric_names: tuple[str, ...] | None = None) -> Any:
         engine, functions, graphdef = self.engine, self.functions, self.eval_graphdef
         host_state = self.state
+        names = None if metric_names is None else list(metric_names)
 
         def eval_step(params: Any, rest: Any, algorithm_state: Any, batch: Any) -> Any:
             host_state.compile_count += 1
@@ -364,10 +371,10 @@ class StepBuilder:
                                model=self._merge(graphdef, self._compute_params(params), rest),
                                outputs=None, algorithm_state=algorithm_state)
             engine.apply_planned(plan, Event.EVAL_BEFORE_FORWARD, view)
-            view.outputs, metrics = functions.metrics(view.model, view.batch)
+            view.outputs = functions.eval_forward(view.model, view.batch)
             engine.apply_planned(plan, Event.EVAL_AFTER_FORWARD, view)
-            return {name: (jnp.asarray(s, jnp.float32), jnp.asarray(c, jnp.float32))
-                    for name, (s, c) in metrics.items()}
+            # As Composer: the metrics read the outputs after EVAL_AFTER_FORWARD.
+            return functions.metric_states(view.model, view.batch, view.outputs, names)
 
         return eval_step
 
@@ -387,8 +394,3 @@ class StepBuilder:
 
         return predict_step
 
-
-@jax.jit
-def add_metric_sums(total: Any, new: Any) -> Any:
-    """Add one batch's ``{metric: (sum, count)}`` to the running total, on the device."""
-    return jax.tree.map(jnp.add, total, new)

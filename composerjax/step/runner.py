@@ -26,13 +26,15 @@ from composerjax.core.lifecycle import (
 )
 from composerjax.core.state import State, instance_names
 from composerjax.core.train_state import TrainState
+from composerjax.metrics import compute_values, merge_states
 from composerjax.models.function_model import ModelFunctions, model_functions
 from composerjax.parallel.heartbeat import heartbeat
 from composerjax.parallel.sharding import batch_sharding, global_batch, replicated, train_state_shardings
 from composerjax.parallel.strategy import partition_metadata
 from composerjax.step.batch_check import describe_batch, diagnose_batch, note_batch
-from composerjax.step.builder import StepBuilder, add_metric_sums, split_model
+from composerjax.step.builder import StepBuilder, split_model
 from composerjax.step.keys import KeyCodec
+from composerjax.step.precision import cast_floating, parameter_dtype
 from composerjax.step.summary import CompiledStep, cost_of, format_compiled, memory_of
 
 __all__ = ["StepRunner", "batch_size_of", "default_memory_budget"]
@@ -100,6 +102,8 @@ class StepRunner:
         self.functions = model_functions(model, self.loss_fn)
         eval_graphdef = _eval_graphdef(model)
         train_graphdef, params, rest = split_model(model)
+        if parameter_dtype(state.precision) != jnp.float32:  # 'bf16': weights and optimizer state too
+            params = cast_floating(params, parameter_dtype(state.precision))
         algorithm_state = {}
         for name, algorithm in zip(instance_names(state.algorithms), state.algorithms):
             algorithm._state_key = name
@@ -120,6 +124,21 @@ class StepRunner:
         self.builder = StepBuilder(self.engine, state, self.functions, train_graphdef, eval_graphdef, state.optimizer,
                                    self.microbatch_size, sharding, self.batch_sharding, replicated(self.mesh),
                                    rest_codec, np.asarray(jax.random.key_data(step_key)))
+
+    def replace_optimizer(self, optimizer: Any, keep_state: bool) -> None:
+        """Train with ``optimizer`` from now on: its state kept (same structure) or built fresh from the parameters.
+
+        Every compiled train step is dropped (they closed over the old optimizer).
+        """
+        state, builder = self.state, self.builder
+        state.optimizer = builder.optimizer = optimizer
+        if not keep_state:
+            train_state = state.train_state
+            train_state = train_state._replace(opt_state=jax.jit(optimizer.init)(train_state.params))
+            sharding = self._shardings(state._model, train_state)
+            state.train_state = jax.device_put(train_state, sharding)
+            builder.train_state_sharding = sharding
+        builder.clear()
 
     def _shardings(self, model: nnx.Module, train_state: TrainState) -> TrainState:
         self.train_state_sharding = train_state_shardings(self.mesh, train_state, self.parallelism,
@@ -180,7 +199,7 @@ class StepRunner:
             self.take_model()
         plan = builder.plan_train() if state.algorithms else ()
         # Host numpy check before the batch leaves (ComposerClassifier: labels in [0, num_classes)).
-        self.functions.check_batch(state._model, batch, "train_dataloader", state.timestamp.batch)
+        self.functions.check_batch(state._model, batch, "train_dataloader", state.timestamp.counts.batch)
         if self.auto_microbatch:
             self._choose_microbatch(plan, batch)
         step = builder.train_step(plan)
@@ -200,7 +219,7 @@ class StepRunner:
             self._record("train", plan, step, time.perf_counter() - start, state.train_state, batch)
         state._model_stale = True
         if plan:
-            self.engine.record_plan(plan, state.timestamp.batch)
+            self.engine.record_plan(plan, state.timestamp.counts.batch)
         return samples, loss, metrics
 
     def group_plan(self, count: int, stops: tuple[Callable[[], bool], ...] = ()) -> Plan | None:
@@ -233,7 +252,7 @@ class StepRunner:
     def train_group(self, stacked: Any, count: int, plan: Plan) -> tuple[Any, Any]:
         """Run ``count`` stacked batches in one compiled call: ``(losses[count], step_metrics[count])``."""
         state, builder = self.state, self.builder
-        first = state.timestamp.batch
+        first = state.timestamp.counts.batch
         self.functions.check_batch(state._model, stacked, "train_dataloader", f"{first}-{first + count - 1} (stacked)")
         step = builder.train_steps(plan, count)
         compiles, start = state.compile_count, time.perf_counter()
@@ -253,7 +272,7 @@ class StepRunner:
 
     def _failed(self, error: Exception, batch: Any, traced: bool) -> None:
         """The step failed on ``batch``: raise a BatchError saying what is wrong with it, or annotate ``error``."""
-        index = self.state.timestamp.batch
+        index = self.state.timestamp.counts.batch
         problem = diagnose_batch(batch, index, self._signature)
         if problem is not None:
             raise problem from error
@@ -292,45 +311,80 @@ class StepRunner:
         self.state.run_summary["microbatch_candidates"] = tried
 
     # -- eval and predict: one loop ----------------------------------------------------------------
-    def evaluate(self, loader: Iterable[Any]) -> dict[str, float]:
-        """Evaluate on ``loader``: metrics summed on the device, fetched once, logged and returned."""
+    def evaluate(self, loader: Iterable[Any], label: str = "eval", metric_names: list[str] | None = None,
+                 subset_num_batches: int = -1) -> dict[str, float]:
+        """Evaluate on ``loader``: the model's eval metrics, exact over every batch, device and process.
+
+        The compiled eval step returns each selected metric's state for its batch; the host merges
+        the states batch by batch without waiting for the device, then computes every metric once
+        and fetches all values in one transfer. They are logged as ``metrics/<label>/<name>``,
+        kept in ``state.metrics[label]`` and returned as ``{name: value}``.
+
+        Args:
+            loader: the batches (in multi-process runs, each process's share of the global batch).
+            label: the evaluator's label, in the logged names.
+            metric_names: regexes matched anywhere in the names of ``model.get_metrics()``, ignoring
+                case (Composer's ``Evaluator.metric_names``); None for every metric.
+            subset_num_batches: evaluate at most this many batches; -1 for all.
+
+        Raises:
+            ValueError: for metric_names that is not a list of strings, or a loader with no batch.
+        """
+        if metric_names is not None and (isinstance(metric_names, str)
+                                         or not all(isinstance(name, str) for name in metric_names)):
+            raise ValueError(f"metric_names={metric_names!r}: expected a list of regex strings, or None for every "
+                             "metric of model.get_metrics()")
         state, run_event = self.state, self.engine.run_event
         if state.model_changed:
             self.take_model()
         for event in EVAL_OPEN:
             run_event(event)
-        totals = self.run_pass("eval", loader, run_event)
-        if totals is None:
-            raise ValueError("eval(): the eval dataloader yielded no batches")
-        fetched = jax.device_get(totals)
-        results = {name: float(total / max(count, 1e-12)) for name, (total, count) in fetched.items()}
-        state.metrics["eval"] = results
-        self.logger.log_metrics({f"metrics/eval/{name}": value for name, value in results.items()})
+        names = None if metric_names is None else tuple(metric_names)
+        states = self.run_pass("eval", loader, run_event, names, subset_num_batches)
+        if states is None:
+            raise ValueError(f"eval(): the {label!r} dataloader yielded no batches")
+        results = compute_values(states, self.builder.replicated)
+        state.metrics[label] = results
+        self.logger.log_metrics({f"metrics/{label}/{name}": value for name, value in results.items()})
         for event in EVAL_CLOSE:
             run_event(event)
         return results
 
-    def predict(self, loader: Iterable[Any]) -> list[Any]:
-        """The model's outputs for every batch of ``loader``, fetched in one transfer."""
+    def predict(self, loader: Iterable[Any], subset_num_batches: int = -1, return_outputs: bool = True) -> list[Any]:
+        """The model's outputs for every batch of ``loader`` (at most ``subset_num_batches``), fetched in one transfer.
+
+        With ``return_outputs=False`` no output is kept or fetched; callbacks still see each
+        batch's ``state.outputs`` at ``PREDICT_BATCH_END``.
+        """
+        if isinstance(subset_num_batches, bool) or not isinstance(subset_num_batches, int) or (
+                subset_num_batches == 0 or subset_num_batches < -1):
+            raise ValueError(f"predict(subset_num_batches={subset_num_batches!r}): expected a positive number of "
+                             "batches or -1 (every batch)")
         if self.state.model_changed:
             self.take_model()
         for event in PREDICT_OPEN:
             self.engine.run_event(event)
-        outputs = self.run_pass("predict", loader, self.engine.run_event)
+        outputs = self.run_pass("predict", loader, self.engine.run_event, subset_num_batches=subset_num_batches,
+                                keep_outputs=return_outputs)
         for event in PREDICT_CLOSE:
             self.engine.run_event(event)
         return jax.device_get(outputs)
 
-    def run_pass(self, kind: str, loader: Iterable[Any], event: Callable[[Event], None]) -> Any:
+    def run_pass(self, kind: str, loader: Iterable[Any], event: Callable[[Event], None],
+                 metric_names: tuple[str, ...] | None = None, subset_num_batches: int = -1,
+                 keep_outputs: bool = True) -> Any:
         """One pass of ``kind`` (``'eval'`` or ``'predict'``) over ``loader``, events in lifecycle order.
 
-        Returns the summed metrics (``{name: (sum, count)}``, on the device) for eval and the list
-        of outputs for predict.
+        Returns the merged metric states (``{name: state}``, on the device; None without batches)
+        for eval and the list of outputs for predict (empty unless ``keep_outputs``). At most
+        ``subset_num_batches`` batches run (-1: all); ``metric_names`` applies to eval (see :meth:`evaluate`).
         """
         state, builder = self.state, self.builder
         points = EVAL_BATCH if kind == "eval" else PREDICT_BATCH
         totals, outputs = None, []
         for index, batch in enumerate(_epoch_of(loader)):
+            if 0 <= subset_num_batches <= index:
+                break
             state.batch = batch
             for point in points:
                 if point is not STEP:
@@ -339,10 +393,12 @@ class StepRunner:
                 if state.model_changed:
                     self.take_model()
                 plan = builder.plan_eval() if kind == "eval" else builder.plan_predict()
-                step = builder.eval_step(plan) if kind == "eval" else builder.predict_step(plan)
+                step = builder.eval_step(plan, metric_names) if kind == "eval" else builder.predict_step(plan)
                 if kind == "eval":
                     self.functions.check_batch(state._model, batch, "eval_dataloader", index)
-                device_batch = global_batch(batch, self.batch_sharding) if self.multi_process else batch
+                    device_batch = self._eval_batch(batch)
+                else:
+                    device_batch = global_batch(batch, self.batch_sharding) if self.multi_process else batch
                 train_state = state.train_state
                 args = (train_state.params, train_state.rest, train_state.algorithm_state, device_batch)
                 compiles, start = state.compile_count, time.perf_counter()
@@ -350,14 +406,29 @@ class StepRunner:
                 if state.compile_count != compiles:
                     self._record(kind, plan, step, time.perf_counter() - start, *args)
                 if plan:
-                    self.engine.record_plan(plan, state.timestamp.batch)
+                    self.engine.record_plan(plan, state.timestamp.counts.batch)
                 if kind == "eval":
-                    totals = result if totals is None else add_metric_sums(totals, result)
+                    totals = merge_states(totals, result)
                 else:
                     state.outputs = result
-                    outputs.append(result)
+                    if keep_outputs:
+                        outputs.append(result)
             heartbeat()
         return totals if kind == "eval" else outputs
+
+    def _eval_batch(self, batch: Any) -> Any:
+        """The batch the eval step takes: global in multi-process runs, else split over the data axes when it divides.
+
+        A batch whose size the data-parallel devices do not divide (an eval set's last batch) stays
+        whole on every device: the metrics need every sample, so it is not cut or padded.
+        """
+        if self.multi_process:
+            return global_batch(batch, self.batch_sharding)
+        ways = int(np.prod([self.mesh.shape[axis] for axis in ("data", "fsdp")]))
+        leaves = jax.tree.leaves(batch)
+        if ways > 1 and leaves and all(np.ndim(leaf) and np.shape(leaf)[0] % ways == 0 for leaf in leaves):
+            return jax.device_put(batch, self.batch_sharding)
+        return batch
 
     # -- compile records ---------------------------------------------------------------------------
     def _record(self, kind: str, plan: Plan, step: Any, seconds: float, *args: Any) -> None:
@@ -371,7 +442,7 @@ class StepRunner:
             compile_seconds=seconds,
             flops=cost_of(step, *abstract),
             memory=memory_of(step, *abstract),
-            batch=self.state.timestamp.batch,
+            batch=self.state.timestamp.counts.batch,
         )
         state = self.state
         state.compiled_steps.append(record)

@@ -2,7 +2,7 @@
 
 Used by :class:`~composerjax.trainer.checkpoint.Checkpointer`: a save records :func:`checksums` of
 its arrays; a restore lists every difference between the saved arrays and the run's
-(:func:`compare_arrays`, :func:`structure_problem`) before reading anything, and the checksums of
+(:func:`compare_named`, :func:`structure_problem`) before reading anything, and the checksums of
 what it read back after. ``composerjax.trainer.checkpoint`` re-exports the errors and
 :func:`checksums`.
 
@@ -28,7 +28,9 @@ __all__ = [
     "SaveFolderInUseError",
     "checksums",
     "compare_arrays",
+    "compare_named",
     "first_line",
+    "is_array",
     "structure_problem",
 ]
 
@@ -83,7 +85,7 @@ def compare_arrays(metadata: Any, target: Any) -> list[str]:
     """Every difference between the saved arrays and the run's (``target``'s groups only): missing, extra, shapes.
 
     Args:
-        metadata: the saved tree's metadata (orbax's ``item_metadata(step)['state']``), or any tree of
+        metadata: the saved tree's metadata (orbax's item metadata of ``state``), or any tree of
             objects with ``shape`` and ``dtype``.
         target: the run's train state as ``{group: tree}`` (``params``, ``opt_state``, ...).
 
@@ -96,10 +98,19 @@ def compare_arrays(metadata: Any, target: Any) -> list[str]:
         >>> compare_arrays(saved, {"params": {"w": np.zeros((2, 4))}})
         ['model parameters: params.w saved with shape (2, 3), this run expects (2, 4)']
     """
-    expected = _arrays_by_name(target)
     groups = set(target)
     saved = {name: value for name, value in _arrays_by_name(getattr(metadata, "tree", metadata)).items()
              if name.split(".")[0] in groups}
+    return compare_named(saved, _arrays_by_name(target))
+
+
+def compare_named(saved: dict[str, tuple[Any, ...]], expected: dict[str, tuple[Any, ...]]) -> list[str]:
+    """:func:`compare_arrays` on ``{'params.w': (shape, ...)}`` maps: the arrays offered against those expected.
+
+    Example:
+        >>> compare_named({"params.w": ((2,),)}, {"params.w": ((2,),), "params.b": ((1,),)})
+        ['model parameters: the checkpoint has 1 arrays, this run has 2; missing from the checkpoint: params.b']
+    """
     problems = []
     for group in dict.fromkeys(name.split(".")[0] for name in (*saved, *expected)):
         label = _GROUP_NAMES.get(group, group)
@@ -113,9 +124,9 @@ def compare_arrays(metadata: Any, target: Any) -> list[str]:
                 + (f"; missing from the checkpoint: {', '.join(missing[:5])}" if missing else "")
                 + (f"; not in this run: {', '.join(extra[:5])}" if extra else ""))
         for name in expected_g:
-            if name in saved_g and saved_g[name][0] != expected_g[name][0]:
-                problems.append(f"{label}: {name} saved with shape {saved_g[name][0]}, this run expects "
-                                f"{expected_g[name][0]}")
+            if name in saved_g and tuple(saved_g[name][0]) != tuple(expected_g[name][0]):
+                problems.append(f"{label}: {name} saved with shape {tuple(saved_g[name][0])}, this run expects "
+                                f"{tuple(expected_g[name][0])}")
     return problems
 
 
@@ -154,8 +165,8 @@ def checksums(tree: Any) -> dict[str, int]:
         >>> checksums({"w": jax.numpy.zeros(3)})
         {'w': 0}
     """
-    is_array = lambda x: isinstance(x, jax.Array)  # noqa: E731
-    arrays = jax.tree.map(lambda x: x if is_array(x) else None, tree, is_leaf=is_array)
+    on_device = lambda x: isinstance(x, jax.Array)  # noqa: E731
+    arrays = jax.tree.map(lambda x: x if on_device(x) else None, tree, is_leaf=on_device)
     sums = _checksum_tree(arrays)
     named = {}
     for path, value in jax.tree_util.tree_flatten_with_path(sums)[0]:
@@ -165,6 +176,9 @@ def checksums(tree: Any) -> dict[str, int]:
 
 def structure_problem(metadata: Any, target: Any) -> str:
     """How the saved tree's structure differs from the run's (e.g. adam's state against adamw's), or ''.
+
+    Two trees are laid out alike when they have arrays and empty nodes (optax's ``EmptyState``,
+    which orbax saves as None) at the same places; names and shapes are :func:`compare_arrays`'s.
 
     Example:
         >>> import numpy as np
@@ -179,20 +193,25 @@ def structure_problem(metadata: Any, target: Any) -> str:
     for group in target:
         if not isinstance(saved, dict) or group not in saved:
             continue
-        try:
-            saved_def = jax.tree.structure(saved[group], is_leaf=lambda x: hasattr(x, "shape"))
-            want_def = jax.tree.structure(target[group])
-        except Exception:  # noqa: S112 - metadata of an unknown shape: no structural verdict
-            continue
-        if saved_def.num_leaves != want_def.num_leaves or _node_kinds(saved[group]) != _node_kinds(target[group]):
+        if _layout(saved[group]) != _layout(target[group]):
             problems.append(f"{_GROUP_NAMES.get(group, group)} is laid out differently (saved "
                             f"{_outline(saved[group])}, this run {_outline(target[group])}); a different optimizer "
                             "or optimizer chain?")
     return "; ".join(problems)
 
 
-def _node_kinds(tree: Any) -> int:
-    return len(jax.tree_util.tree_flatten_with_path(tree, is_leaf=lambda x: x is None or hasattr(x, "shape"))[0])
+def is_array(value: Any) -> bool:
+    """Whether ``value`` is an array or array metadata (it has ``shape`` and ``dtype``)."""
+    return hasattr(value, "shape") and hasattr(value, "dtype")
+
+
+def _layout(tree: Any) -> set[tuple[str, bool]]:
+    """``{(path, is_array)}``: where a tree has arrays and where empty nodes (None, ``EmptyState()``, ``{}``)."""
+    def empty_or_array(node: Any) -> bool:
+        return node is None or is_array(node) or not jax.tree.leaves(node, is_leaf=is_array)
+
+    flat = jax.tree_util.tree_flatten_with_path(tree, is_leaf=empty_or_array)[0]
+    return {(path_of(path, "."), is_array(leaf)) for path, leaf in flat}
 
 
 def _outline(tree: Any, depth: int = 2) -> str:
@@ -204,3 +223,4 @@ def _outline(tree: Any, depth: int = 2) -> str:
     if isinstance(tree, dict):
         return "{" + ", ".join(f"{k}: {_outline(v, depth - 1)}" for k, v in list(tree.items())[:6]) + "}"
     return type(tree).__name__
+

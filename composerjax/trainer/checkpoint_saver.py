@@ -1,4 +1,8 @@
-"""CheckpointSaver: the Trainer's checkpointing, as a callback on the checkpoint events."""
+"""CheckpointSaver: the Trainer's checkpointing, as a callback on the checkpoint events; and the Trainer's loading.
+
+:func:`load_at_start` does what ``Trainer(load_path=..., autoresume=..., load_*=...)`` asks after
+INIT; :func:`save_now` is ``Trainer.save_checkpoint``.
+"""
 
 from __future__ import annotations
 
@@ -10,8 +14,17 @@ from composerjax.core.callback import Callback
 from composerjax.core.state import State
 from composerjax.core.time import Time, Timestamp, TimeUnit
 from composerjax.trainer.checkpoint import Checkpointer, CheckpointSaveError
+from composerjax.trainer.checkpoint_load import LoadOptions
+from composerjax.trainer.checkpoint_writer import check_template, read_info, resolve_pointer
 
-__all__ = ["CheckpointSaver", "ABANDON_SAVE_TIMEOUT_S", "checkpoint_location", "refuse_old_checkpoints"]
+__all__ = ["CheckpointSaver", "ABANDON_SAVE_TIMEOUT_S", "DEFAULT_FILENAME", "DEFAULT_LATEST", "checkpoint_location",
+           "load_at_start", "refuse_old_checkpoints", "save_now"]
+
+#: The name template of checkpoints (``save_filename``): Composer's ``'ep{epoch}-ba{batch}-rank{rank}.pt'``
+#: without the rank (every process writes its part of one orbax folder) or a file extension (a folder).
+DEFAULT_FILENAME = "ep{epoch}-ba{batch}"
+#: The link to the newest verified checkpoint (``save_latest_filename``), one for all processes.
+DEFAULT_LATEST = "latest"
 
 #: When ``fit`` fails, how long it waits for a checkpoint in flight to reach the disk before giving up.
 ABANDON_SAVE_TIMEOUT_S = 120.0
@@ -31,9 +44,15 @@ class CheckpointSaver(Callback):
     Args:
         folder: the folder to save into (created if missing).
         save_interval: ``'1ep'``, ``'500ba'`` (an int counts epochs).
-        num_checkpoints_to_keep: keep the newest N checkpoints (-1 keeps all).
+        num_checkpoints_to_keep: keep the newest N of the saver's checkpoints (-1 keeps all);
+            ``Trainer.save_checkpoint`` ones are kept.
         weights_only: save only the model's variables (such a checkpoint cannot resume a run).
-        overwrite: replace checkpoints another run left in ``folder``.
+        overwrite: replace a checkpoint of the same name, and checkpoints another run left in
+            ``folder`` at or after the batch saved; without it such a save raises.
+        filename: each checkpoint's folder name, a template with ``{epoch}``, ``{batch}``,
+            ``{sample}``, ``{token}``, ``{run_name}``, ``{rank}`` ... (``ep1-ba8``).
+        latest_filename: a symlink in ``folder`` to the newest verified checkpoint (a small file
+            naming it where symlinks are not possible); None makes none.
 
     Example::
 
@@ -46,7 +65,8 @@ class CheckpointSaver(Callback):
     in_checkpoints = False  # nothing to resume: the trainer's arguments configure it again
 
     def __init__(self, folder: str | os.PathLike[str], save_interval: Time | str | int = "1ep",
-                 num_checkpoints_to_keep: int = -1, weights_only: bool = False, overwrite: bool = False) -> None:
+                 num_checkpoints_to_keep: int = -1, weights_only: bool = False, overwrite: bool = False, *,
+                 filename: str = DEFAULT_FILENAME, latest_filename: str | None = DEFAULT_LATEST) -> None:
         if not isinstance(folder, (str, os.PathLike)):
             raise ValueError(f"save_folder={folder!r}: expected a folder path (str) or None")
         if isinstance(num_checkpoints_to_keep, bool) or not isinstance(num_checkpoints_to_keep, int) or (
@@ -61,6 +81,10 @@ class CheckpointSaver(Callback):
         self.num_checkpoints_to_keep = num_checkpoints_to_keep
         self.weights_only = weights_only
         self.overwrite = overwrite
+        self.filename, self.latest_filename = filename, latest_filename
+        check_template(filename, "save_filename")
+        if latest_filename is not None:
+            check_template(latest_filename, "save_latest_filename", one_per_run=False)
         self.checkpointer: Checkpointer | None = None
         self._hparams: Any = None
         self._save_after_epoch = False
@@ -69,11 +93,25 @@ class CheckpointSaver(Callback):
         """Open the folder for ``trainer``'s run (it holds the folder's owner lock from now on)."""
         keep = None if self.num_checkpoints_to_keep == -1 else self.num_checkpoints_to_keep
         self.checkpointer = Checkpointer(self.folder, self.save_interval, keep, self.weights_only,
-                                         owner=trainer.state.run_name, overwrite=self.overwrite)
+                                         owner=trainer.state.run_name, overwrite=self.overwrite,
+                                         filename=self.filename, latest_filename=self.latest_filename)
         self._hparams = lambda: trainer.hparams
 
-    def save(self, state: State) -> int:
-        """Start a save of ``state`` now (async); return its batch index."""
+    @classmethod
+    def from_arguments(cls, arguments: dict[str, Any]) -> CheckpointSaver:
+        """The saver ``Trainer(save_folder=..., save_*=...)`` asks for, from ``trainer.arguments``.
+
+        Example::
+
+            CheckpointSaver.from_arguments({"save_folder": "runs/x/checkpoints", "save_interval": "100ba"})
+        """
+        return cls(arguments["save_folder"], arguments.get("save_interval", "1ep"),
+                   arguments.get("save_num_checkpoints_to_keep", -1), arguments.get("save_weights_only", False),
+                   arguments.get("save_overwrite", False), filename=arguments.get("save_filename", DEFAULT_FILENAME),
+                   latest_filename=arguments.get("save_latest_filename", DEFAULT_LATEST))
+
+    def save(self, state: State) -> str:
+        """Start a save of ``state`` now (async); return the checkpoint's folder."""
         if self.checkpointer is None:
             raise RuntimeError("CheckpointSaver.save(): not attached to a Trainer yet")
         return self.checkpointer.save(state, self._hparams())
@@ -84,16 +122,17 @@ class CheckpointSaver(Callback):
         if self.save_interval.unit != TimeUnit.BATCH:
             return None
         every = int(self.save_interval.value)
-        return (timestamp.batch // every + 1) * every
+        return (int(timestamp.batch) // every + 1) * every
 
-    def _due(self, counter: int, unit: TimeUnit) -> bool:
+    def _due(self, counter: Any, unit: TimeUnit) -> bool:
+        counter = int(counter)
         return self.save_interval.unit == unit and counter > 0 and counter % int(self.save_interval.value) == 0
 
     # -- events --------------------------------------------------------------------------------
     def batch_checkpoint(self, state: State, logger: Any) -> bool:
         if not self._due(state.timestamp.batch, TimeUnit.BATCH):
             return False
-        if state.timestamp.batch_in_epoch == state.dataloader_len:
+        if int(state.timestamp.batch_in_epoch) == state.dataloader_len:
             self._save_after_epoch = True  # saved once the epoch is closed: a clean epoch boundary
             return False
         self.save(state)
@@ -109,10 +148,10 @@ class CheckpointSaver(Callback):
     def fit_end(self, state: State, logger: Any) -> bool:
         """The last checkpoint of the run, on disk and verified before ``fit`` returns."""
         checkpointer = self.checkpointer
-        saved = state.timestamp.batch in (checkpointer.last_saved, checkpointer.in_flight)
-        self.save(state)
+        before = (checkpointer.last_saved_path, checkpointer.in_flight_name)
+        path = self.save(state)
         checkpointer.wait()  # raises CheckpointSaveError if a save did not reach the disk
-        return not saved
+        return path != before[0] and os.path.basename(path) != before[1]
 
     def fit_error(self, state: State, logger: Any, error: BaseException) -> None:
         """``fit`` is failing: let the save in flight finish (bounded), then release the folder.
@@ -123,7 +162,7 @@ class CheckpointSaver(Callback):
         checkpointer = self.checkpointer
         if checkpointer is None:
             return
-        pending = checkpointer.in_flight
+        pending = checkpointer.in_flight_name
         try:
             checkpointer.close(timeout_s=ABANDON_SAVE_TIMEOUT_S)
             if pending is not None:
@@ -157,19 +196,89 @@ def _print_error(text: str) -> None:
 
 def refuse_old_checkpoints(checkpointer: Checkpointer) -> None:
     """A new run may not write into a folder that holds another run's checkpoints (nothing lost, nothing mixed)."""
-    steps = checkpointer.steps()
-    if steps:
+    names = [info.name for info in checkpointer.checkpoints()]
+    if names:
         checkpointer.close()
         raise ValueError(
-            f"save_folder={checkpointer.folder!r} already holds checkpoints {steps} from an earlier run; expected an "
+            f"save_folder={checkpointer.folder!r} already holds checkpoints {names} from an earlier run; expected an "
             "empty or new folder. Pass autoresume=True to continue that run, save_overwrite=True to replace its "
             "checkpoints, or a new save_folder")
 
 
-def checkpoint_location(path: str) -> tuple[str, int | None]:
-    """``(folder, step)`` for a save_folder (newest step) or one checkpoint folder inside it."""
-    path = os.path.abspath(path)
-    name = os.path.basename(path)
-    if name.isdigit() and os.path.exists(os.path.join(path, "_CHECKPOINT_METADATA")):
-        return os.path.dirname(path), int(name)
+def checkpoint_location(path: str) -> tuple[str, str | None]:
+    """``(folder, name)`` for a save folder (name None: its newest) or one checkpoint in it (or its ``latest`` link).
+
+    Example:
+        >>> import tempfile
+        >>> folder = tempfile.mkdtemp()
+        >>> checkpoint_location(folder) == (folder, None)
+        True
+    """
+    path = os.path.abspath(resolve_pointer(os.path.abspath(path)))
+    if os.path.isfile(path):
+        raise FileNotFoundError(f"load_path={path!r} is a file; expected a save_folder, one checkpoint folder inside "
+                                "it, or its latest link")
+    if any(os.path.exists(os.path.join(path, item)) for item in ("_CHECKPOINT_METADATA", "meta", "state")):
+        return os.path.dirname(path), read_info(path).name
     return path, None
+
+
+def load_at_start(trainer: Any, report: Any = None) -> int | None:
+    """Load what ``trainer.arguments`` ask for, after INIT; return the batch loaded (None: nothing loaded).
+
+    With ``autoresume`` and a checkpoint in ``save_folder``: the newest one (by recorded clock) that
+    reads back intact, in full; the ``load_*`` options then do not apply, except
+    ``load_strict_model_weights`` (as in Composer). Else ``load_path`` (a save folder: its newest
+    checkpoint; or one checkpoint's folder, or a ``latest`` link) with ``load_weights_only``,
+    ``load_strict_model_weights``, ``load_ignore_keys`` and ``load_exclude_algorithms``.
+
+    Raises:
+        FileNotFoundError, CheckpointMismatchError, CheckpointCorruptError: see ``Checkpointer.restore``.
+
+    Example::
+
+        self.resumed_from = load_at_start(self, report=_print_error)   # in Trainer.__init__
+    """
+    arguments = trainer.arguments
+    strict = arguments.get("load_strict_model_weights", True)
+    checkpointer = trainer.checkpointer
+    if arguments.get("autoresume") and checkpointer is not None and checkpointer.checkpoints():
+        return checkpointer.restore_newest_valid(trainer.state, "save_folder", report=report,
+                                                 options=LoadOptions(strict_model_weights=strict))
+    load_path = arguments.get("load_path")
+    if load_path is None:
+        return None
+    options = LoadOptions(weights_only=arguments.get("load_weights_only", False), strict_model_weights=strict,
+                          ignore_keys=arguments.get("load_ignore_keys"),
+                          exclude_algorithms=arguments.get("load_exclude_algorithms"))
+    folder, name = checkpoint_location(os.fspath(load_path))
+    loader = Checkpointer(folder, async_save=False)
+    try:
+        if name is None:
+            return loader.restore_newest_valid(trainer.state, "load_path", report=report, options=options)
+        return loader.restore(trainer.state, name, field="load_path", options=options)
+    finally:
+        loader.close()
+
+
+def save_now(trainer: Any, name: str = DEFAULT_FILENAME, weights_only: bool = False) -> str:
+    """``Trainer.save_checkpoint``: save now into ``save_folder``, wait until it is on disk and verified; its folder.
+
+    ``name`` is a template like ``save_filename``. A checkpoint of that name already there is
+    replaced only with ``save_overwrite=True`` (one this run just wrote at this batch is returned
+    as it is). It does not count towards ``save_num_checkpoints_to_keep``.
+
+    Raises:
+        ValueError: the Trainer has no ``save_folder``.
+        CheckpointSaveError: the save was refused or failed (also a failed earlier async save).
+
+    Example::
+
+        path = trainer.save_checkpoint("final")   # 'runs/x/checkpoints/final'
+    """
+    checkpointer = trainer.checkpointer
+    if checkpointer is None:
+        raise ValueError("save_checkpoint(): Trainer(save_folder=None); pass a save_folder to save")
+    path = checkpointer.save(trainer.state, trainer.hparams, name=name, weights_only=weights_only, rotate=False)
+    checkpointer.wait()
+    return path

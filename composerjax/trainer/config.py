@@ -27,6 +27,7 @@ types are in :mod:`composerjax.trainer.recipe`.
 from __future__ import annotations
 
 import copy
+import inspect
 import os
 import re
 from collections.abc import Sequence
@@ -298,9 +299,33 @@ def _steps(value: str | int, config: TrainerConfig, steps_per_epoch: int | None,
 
 
 def build_optimizer(config: TrainerConfig, steps_per_epoch: int | None) -> optax.GradientTransformation:
-    """The optax transform the config names, with its schedule."""
+    """The optax transform the config names, with its schedule and its hyperparameters in its state.
+
+    It is built with ``optax.inject_hyperparams``, so the learning rate (the schedule's value at
+    each step) and every float hyperparameter live in the optimizer state, where ``LRMonitor``
+    reads them (logged as ``lr-<optimizer name>/group0``, e.g. ``lr-adamw/group0``). Arguments that
+    are not floats (``nesterov``, ``min_dim_size_to_factor``, ``mask``...) stay fixed Python values.
+
+    Example:
+        >>> config = TrainerConfig.from_dict({"model": {"name": "mlp", "sizes": [64, 10]}, "data": {"name": "digits"},
+        ...                                   "optimizer": {"name": "sgd", "lr": 0.1, "momentum": 0.9},
+        ...                                   "max_duration": "1ep"})
+        >>> optimizer = build_optimizer(config, steps_per_epoch=10)
+        >>> import jax.numpy as jnp
+        >>> round(float(optimizer.init(jnp.zeros(2)).hyperparams["learning_rate"]), 6)
+        0.1
+    """
+    from composerjax.optim import name_optimizer
+
     factory = getattr(optax, config.optimizer.name)
-    return factory(learning_rate(config, steps_per_epoch), **config.optimizer.hparams)
+    rate = learning_rate(config, steps_per_epoch)
+    arguments = inspect.signature(factory).bind(learning_rate=rate, **config.optimizer.hparams)
+    arguments.apply_defaults()
+    # inject_hyperparams turns numbers into arrays; an int or a flag the optax function branches on must stay put.
+    fixed = [name for name, value in arguments.arguments.items()
+             if name != "learning_rate" and not isinstance(value, float)]
+    optimizer = optax.inject_hyperparams(factory, static_args=fixed)(learning_rate=rate, **config.optimizer.hparams)
+    return name_optimizer(optimizer, config.optimizer.name)
 
 
 def _instantiate(kind: str, spec: ComponentSpec, path: str | None = None) -> Any:

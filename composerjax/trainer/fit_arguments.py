@@ -57,8 +57,10 @@ def set_evaluators(trainer: Any, eval_dataloader: Any, eval_interval: Any, subse
         if not evaluators:
             return
         runner = EvalRunner(interval)
-        at = next((i for i, c in enumerate(callbacks) if type(c).__name__ == "SignalHandler"), len(callbacks))
-        callbacks.insert(at, runner)  # before the signal exit, which ends FIT_END
+        # After the checkpoint saver (its FIT_END save comes first, as in Composer), before the stoppers.
+        at = next((i for i, c in enumerate(callbacks) if type(c).__name__ in ("TimeLimit", "SignalHandler")),
+                  len(callbacks))
+        callbacks.insert(at, runner)
         runner.attach_trainer(trainer)
     else:
         if replace_interval and eval_interval is not None:

@@ -158,7 +158,7 @@ def check_arguments(arguments: dict[str, Any]) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or (value < 1 and value != -1):
         raise ValueError(f"save_num_checkpoints_to_keep={value!r}: expected a positive integer, or -1 to keep all")
     value = arguments.get("load_path")
-    if value is not None and not os.path.isdir(value):
+    if value is not None and not os.path.exists(value):
         raise FileNotFoundError(f"load_path={os.fspath(value)!r} does not exist; expected a save_folder or one "
                                 "checkpoint folder inside it")
     value = arguments.get("tokens_per_batch")
@@ -167,16 +167,22 @@ def check_arguments(arguments: dict[str, Any]) -> None:
 
 
 def to_time(value: Time | str | int | None, field: str) -> Time | None:
-    """``value`` as a Time (an int counts epochs); None stays None. Errors name ``field``."""
-    if value is None or isinstance(value, Time):
+    """``value`` as a Time (an int counts epochs); None stays None. Errors name ``field``; negatives are refused."""
+    if value is None:
         return value
-    if isinstance(value, bool) or not isinstance(value, (str, int)):
+    if isinstance(value, Time):
+        time = value
+    elif isinstance(value, bool) or not isinstance(value, (str, int)):
         raise ValueError(f"{field}={value!r}: expected a Time, a time string such as '10ep' or '500ba', or an "
                          "int (epochs)")
-    try:
-        return Time.from_input(value, TimeUnit.EPOCH)
-    except ValueError as error:
-        raise ValueError(f"{field}: {error}") from error
+    else:
+        try:
+            time = Time.from_input(value, TimeUnit.EPOCH)
+        except ValueError as error:
+            raise ValueError(f"{field}: {error}") from error
+    if time.value < 0:
+        raise ValueError(f"{field}={str(value)!r}: expected a non-negative time")
+    return time
 
 
 def as_list(items: Any, kind: type, field: str) -> list[Any]:

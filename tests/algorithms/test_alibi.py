@@ -104,11 +104,11 @@ def test_trained_at_length_16_evaluates_at_length_32():
     trainer = Trainer(ComposerClassifier(tiny_gpt(max_length=16), 256), train, "8ba", optax.adam(1e-2),
                       algorithms=[ALiBi(max_sequence_length=64)], progress_bar=False)
     assert "position" not in trainer.state.train_state.params["module"]
-    before = trainer.eval(train)["cross_entropy"]
+    before = trainer.eval(train)["CrossEntropy"]
     trainer.fit()
-    assert trainer.eval(train)["cross_entropy"] < before - 0.5
+    assert trainer.eval(train)["CrossEntropy"] < before - 0.5
     metrics = trainer.eval(ArrayLoader((long_x[:32], long_y[:32]), 16, shuffle=False))
-    assert np.isfinite(metrics["cross_entropy"]) and metrics["cross_entropy"] < before
+    assert np.isfinite(metrics["CrossEntropy"]) and metrics["CrossEntropy"] < before
 
 
 def test_sequence_length_scaling_reshapes_the_batch_keeping_every_token():

@@ -149,7 +149,7 @@ def test_blurpool_in_a_trainer_replaces_at_init_and_trains_with_one_compile():
     after = trainer.state.train_state.params["module"]["blocks"][1]["conv1"]["conv"]["kernel"]
     assert np.all(np.isfinite(after)) and not np.allclose(after, before)
     metrics = trainer.eval(ArrayLoader((x, y), 16, shuffle=False))
-    assert np.isfinite(metrics["cross_entropy"])
+    assert np.isfinite(metrics["CrossEntropy"])
 
 
 def test_blurpool_warns_when_nothing_is_replaced():

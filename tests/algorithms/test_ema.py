@@ -126,7 +126,7 @@ def test_eval_uses_the_averaged_weights_and_restores_the_trained_ones():
     assert results.keys() == expected.keys()
     for name in results:
         assert results[name] == pytest.approx(expected[name], rel=1e-6)
-    assert results["cross_entropy"] != pytest.approx(eval_with(trained)["cross_entropy"], rel=1e-4)
+    assert results["CrossEntropy"] != pytest.approx(eval_with(trained)["CrossEntropy"], rel=1e-4)
     # training goes on from the trained weights (nothing aliased or donated twice)
     trainer.fit("1ba")
     assert trainer.state.timestamp.batch == 5
@@ -143,7 +143,7 @@ def test_eval_before_the_average_starts_uses_the_trained_weights():
     before = trainer.eval(loader)
     model = ComposerClassifier(nnx.Linear(4, 2, rngs=nnx.Rngs(1)), 2)
     nnx.update(model, nnx.State(trained))
-    assert before["cross_entropy"] == pytest.approx(make_trainer([], "1ba", model=model).eval(loader)["cross_entropy"],
+    assert before["CrossEntropy"] == pytest.approx(make_trainer([], "1ba", model=model).eval(loader)["CrossEntropy"],
                                                     rel=1e-6)
 
 

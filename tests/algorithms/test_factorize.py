@@ -127,9 +127,9 @@ def test_factorized_mlp_trains_in_the_trainer_with_one_compile():
                       algorithms=[Factorize(min_features=8, latent_features=4)], progress_bar=False)
     params = trainer.state.train_state.params["module"]["layers"]
     assert set(params[0]) == {"linear0", "linear1"} and params[0]["linear0"]["kernel"].shape == (16, 4)
-    before = trainer.eval(ArrayLoader((x, y), 64, shuffle=False))["cross_entropy"]
+    before = trainer.eval(ArrayLoader((x, y), 64, shuffle=False))["CrossEntropy"]
     trainer.fit()
-    after = trainer.eval(ArrayLoader((x, y), 64, shuffle=False))["cross_entropy"]
+    after = trainer.eval(ArrayLoader((x, y), 64, shuffle=False))["CrossEntropy"]
     assert after < before - 0.05
     assert count_modules(trainer.state.model, FactorizedLinear) == 1
     assert trainer.compile_count == 2  # one train step, one eval step

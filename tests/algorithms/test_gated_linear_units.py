@@ -80,9 +80,9 @@ def test_gated_tiny_gpt_trains_on_bytes_with_one_compile():
     assert set(mlp) == {"gate", "up", "down"} and "bias" not in mlp["up"]
     np.testing.assert_array_equal(mlp["up"]["kernel"], up_kernel)
     gate_before = np.asarray(mlp["gate"]["kernel"])
-    before = trainer.eval(loader)["cross_entropy"]
+    before = trainer.eval(loader)["CrossEntropy"]
     trainer.fit()
-    assert trainer.eval(loader)["cross_entropy"] < before - 0.5
+    assert trainer.eval(loader)["CrossEntropy"] < before - 0.5
     gate_after = trainer.state.train_state.params["module"]["blocks"][0]["mlp"]["gate"]["kernel"]
     assert not np.allclose(gate_before, gate_after)  # the new gate is trained
     assert trainer.compile_count == 2  # one train step, one eval step

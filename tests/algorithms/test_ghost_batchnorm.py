@@ -109,7 +109,7 @@ def test_ghost_batchnorm_in_a_trainer_trains_with_one_compile():
     model = trainer.state.model.module
     # two steps of momentum-0.99 updates moved the running mean away from zero
     assert np.all(np.isfinite(model.norm1.norm.mean[...])) and np.any(model.norm1.norm.mean[...] != 0)
-    assert np.isfinite(trainer.eval(ArrayLoader((x, y), 16, shuffle=False))["cross_entropy"])
+    assert np.isfinite(trainer.eval(ArrayLoader((x, y), 16, shuffle=False))["CrossEntropy"])
 
 
 def test_ghost_batchnorm_warns_when_there_is_no_batch_norm():

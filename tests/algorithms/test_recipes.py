@@ -65,7 +65,7 @@ def test_image_recipe_of_seven_algorithms_trains_with_bounded_compiles():
     assert set(before_forward) == {"SelectiveBackprop", "CutOut"}
     traced_keys = {t.key for t in trainer.engine.trace_log if t.traced}
     assert {"LabelSmoothing/BEFORE_LOSS", "SAM/AFTER_BACKWARD", "EMA/AFTER_OPTIMIZER_STEP"} <= traced_keys
-    assert 0.0 <= trainer.state.metrics["eval"]["accuracy"] <= 1.0
+    assert 0.0 <= trainer.state.metrics["eval"]["MulticlassAccuracy"] <= 1.0
 
 
 def test_two_loss_interpolations_warn():

@@ -83,7 +83,7 @@ def test_squeeze_excite_in_a_trainer_trains_the_new_blocks_with_one_compile():
     assert np.isfinite(float(trainer.state.loss))
     after = trainer.state.train_state.params["module"]["blocks"][1]["conv2"]["se"]["squeeze"]["kernel"]
     assert np.all(np.isfinite(after)) and not np.allclose(after, before)
-    assert np.isfinite(trainer.eval(ArrayLoader((x, y), 16, shuffle=False))["cross_entropy"])
+    assert np.isfinite(trainer.eval(ArrayLoader((x, y), 16, shuffle=False))["CrossEntropy"])
 
 
 def test_seed_none_derives_the_blocks_from_the_trainer_seed():

@@ -149,7 +149,7 @@ def test_stochastic_depth_in_a_trainer_warms_up_with_one_compile_and_evaluates_d
     assert np.isfinite(float(trainer.state.loss))
     loader = ArrayLoader((x, y), 16, shuffle=False)
     first, second = trainer.eval(loader), trainer.eval(loader)
-    assert first["cross_entropy"] == second["cross_entropy"] and np.isfinite(first["cross_entropy"])
+    assert first["CrossEntropy"] == second["CrossEntropy"] and np.isfinite(first["CrossEntropy"])
 
 
 @pytest.mark.parametrize("kwargs, message", [

@@ -34,7 +34,7 @@ class CopyParamsAndBatch(Callback):
         self.inputs: dict[int, tuple] = {}
 
     def batch_start(self, state, logger):
-        self.inputs[state.timestamp.batch + 1] = (jax.device_get(state.params), np.array(state.batch[0]))
+        self.inputs[state.timestamp.batch.value + 1] = (jax.device_get(state.params), np.array(state.batch[0]))
 
 
 def expected_statistics(params, x) -> dict[str, dict[str, float]]:

@@ -77,7 +77,7 @@ def test_missing_metric_names_what_there_is(classification_arrays, make_tiny_cla
     trainer = Trainer(make_tiny_classifier(), ArrayLoader((x, y), batch_size=16), max_duration="1ep",
                       eval_dataloader=ArrayLoader((x, y), batch_size=32), callbacks=[EarlyStopper("f1")],
                       progress_bar=False, run_summary=False)
-    with pytest.raises(ValueError, match=r"monitor='f1'.*\['accuracy', 'cross_entropy'\]"):
+    with pytest.raises(ValueError, match=r"monitor='f1'.*\['CrossEntropy', 'MulticlassAccuracy'\]"):
         trainer.fit()
 
 

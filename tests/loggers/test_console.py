@@ -60,12 +60,13 @@ def test_in_a_trainer_training_losses_print_every_interval_and_eval_metrics_at_e
     trainer.fit()
     lines = stream.getvalue().splitlines()
     losses = dict(memory.data["loss/train/total"])
-    accuracies = [value for _, value in memory.data["metrics/eval/accuracy"]]
+    accuracies = [value for _, value in memory.data["metrics/eval/MulticlassAccuracy"]]
     assert lines[0] == f"[batch 4] loss/train/total: {losses[4]:.6g}"
-    assert re.fullmatch(rf"\[batch 4\] metrics/eval/accuracy: {accuracies[0]:.6g}, metrics/eval/cross_entropy: \S+",
-                        lines[1])
+    assert re.fullmatch(rf"\[batch 4\] metrics/eval/CrossEntropy: \S+, "
+                        rf"metrics/eval/MulticlassAccuracy: {accuracies[0]:.6g}", lines[1])
     assert lines[2] == f"[batch 8] loss/train/total: {losses[8]:.6g}"
-    assert lines[3].startswith(f"[batch 8] metrics/eval/accuracy: {accuracies[1]:.6g}")
+    assert lines[3].startswith("[batch 8] metrics/eval/CrossEntropy: ")
+    assert lines[3].endswith(f"metrics/eval/MulticlassAccuracy: {accuracies[1]:.6g}")
     assert len(lines) == 4
 
 

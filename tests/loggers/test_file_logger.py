@@ -26,7 +26,7 @@ class CountBatchStarts(Algorithm):
 
 class TableAtEpochEnd(Callback):
     def epoch_end(self, state, logger):
-        logger.log_table(["epoch", "loss"], [[state.timestamp.epoch, jnp.float32(0.5)]], name="epochs")
+        logger.log_table(["epoch", "loss"], [[state.timestamp.epoch.value, jnp.float32(0.5)]], name="epochs")
 
 
 def read_rows(path):

@@ -19,8 +19,8 @@ from composerjax.loggers import (
 class ImagesAndTable(Callback):
     def batch_end(self, state, logger):
         logger.log_images(jnp.zeros((2, 4, 4, 3)), name="samples")
-        logger.log_table(["batch"], [[state.timestamp.batch]], name="batches")
-        logger.log_hyperparameters({"seen": state.timestamp.batch})
+        logger.log_table(["batch"], [[state.timestamp.batch.value]], name="batches")
+        logger.log_hyperparameters({"seen": state.timestamp.batch.value})
 
 
 def test_processes_other_than_zero_write_nothing(classification_arrays, make_tiny_classifier, tmp_path, monkeypatch):

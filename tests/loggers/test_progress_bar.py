@@ -62,12 +62,12 @@ def test_on_a_terminal_the_bars_show_loss_eval_metrics_rate_and_eta(classificati
     memory = train(classification_arrays, make_tiny_classifier, bar)
     output = terminal.output()
     final_loss = memory.latest(LOSS)
-    accuracy = memory.latest("metrics/eval/accuracy")
+    accuracy = memory.latest("metrics/eval/MulticlassAccuracy")
     # The run bar's last state: 6 of 6 batches, elapsed<remaining, batches/s, then the latest values.
     last_run_line = [line for line in re.split(r"[\r\n]+", output) if line.startswith("fit:")][-1]
     assert re.search(r"\| 6/6 \[\d\d:\d\d<\d\d:\d\d, +\d+(\.\d+)?ba/s, ", last_run_line), last_run_line
     assert f"loss={final_loss:.4g}" in last_run_line
-    assert f"accuracy={accuracy:.4g}" in last_run_line
+    assert f"MulticlassAccuracy={accuracy:.4g}" in last_run_line
     # Each epoch bar: epoch 0 ran all 4 batches, epoch 1 ran 2 of 4 (with a remaining-time field).
     assert re.search(r"epoch 0: 100%\|[^|]*\| 4/4 \[\d\d:\d\d<\d\d:\d\d", output)
     assert re.search(r"epoch 1:  50%\|[^|]*\| 2/4 \[\d\d:\d\d<\d\d:\d\d", output)

@@ -41,7 +41,7 @@ def text_of(accumulator, tag):
 
 @pytest.fixture(scope="module")
 def tensorboard_run(classification_arrays, make_tiny_classifier, tmp_path_factory):
-    """6 batches (4 per epoch, eval after epoch 0), log_interval=2, into TensorboardLogger() at its default folder."""
+    """6 batches (4 per epoch, eval after epoch 0 and at fit end), log_interval=2, into TensorboardLogger()."""
     x, y = classification_arrays
     run_dir = tmp_path_factory.mktemp("run")
     memory = InMemoryLogger()
@@ -64,9 +64,10 @@ def test_training_losses_are_scalars_at_their_steps(tensorboard_run):
 
 
 def test_eval_metrics_are_scalars_at_the_batch_they_were_computed(tensorboard_run):
-    accuracy = tensorboard_run.events.Scalars("metrics/eval/accuracy")
-    assert [event.step for event in accuracy] == [4]
-    assert accuracy[0].value == np.float32(tensorboard_run.memory.latest("metrics/eval/accuracy"))
+    accuracy = tensorboard_run.events.Scalars("metrics/eval/MulticlassAccuracy")
+    assert [event.step for event in accuracy] == [4, 6]  # after epoch 0, and at the end of fit (batch 6)
+    logged = [value for _, value in tensorboard_run.memory.data["metrics/eval/MulticlassAccuracy"]]
+    np.testing.assert_array_equal([event.value for event in accuracy], np.float32(logged))
 
 
 def test_scalars_are_on_disk_when_fit_returns(tensorboard_run):

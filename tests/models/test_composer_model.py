@@ -1,4 +1,4 @@
-"""ComposerClassifier: cross-entropy for integer and soft targets, metric sums."""
+"""ComposerClassifier: cross-entropy for integer and soft targets, Composer's eval metrics."""
 
 from __future__ import annotations
 
@@ -44,15 +44,29 @@ def jax_log_softmax(logits: np.ndarray) -> np.ndarray:
     return shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
 
 
-def test_metrics_are_sums_and_counts(classifier):
+def test_eval_metrics_are_composers_and_update_returns_the_batch_state(classifier):
     x, y = batch()
     logits = classifier.forward((x, y))
-    metrics = classifier.metrics(logits, (x, y))
-    correct, count = metrics["accuracy"]
-    assert float(count) == 6
-    assert float(correct) == float(jnp.sum(jnp.argmax(logits, -1) == y))
-    total, _ = metrics["cross_entropy"]
-    assert float(total) == pytest.approx(6 * float(classifier.loss(logits, (x, y))), rel=1e-6)
+    metrics = classifier.get_metrics()
+    assert sorted(metrics) == ["CrossEntropy", "MulticlassAccuracy"]
+    accuracy = classifier.update_metric((x, y), logits, metrics["MulticlassAccuracy"])
+    assert int(accuracy.count) == 6
+    assert int(accuracy.total) == int(jnp.sum(jnp.argmax(logits, -1) == y))
+    cross_entropy = classifier.update_metric((x, y), logits, metrics["CrossEntropy"])
+    assert float(cross_entropy.total) == pytest.approx(6 * float(classifier.loss(logits, (x, y))), rel=1e-6)
+    assert not metrics["CrossEntropy"].has_state  # the metric get_metrics gave is unchanged
+
+
+def test_train_metrics_and_custom_val_metrics(classifier):
+    from composerjax.metrics import MulticlassAccuracy, MulticlassF1Score
+
+    assert classifier.get_metrics(is_train=True) == {}  # train metrics are off by default
+    accuracy = MulticlassAccuracy(num_classes=3, top_k=2)
+    with_train = ComposerClassifier(nnx.Linear(5, 3, rngs=nnx.Rngs(0)), num_classes=3, train_metrics=accuracy)
+    assert with_train.get_metrics(is_train=True) == {"MulticlassAccuracy": accuracy}
+    custom = ComposerClassifier(nnx.Linear(5, 3, rngs=nnx.Rngs(0)), num_classes=3,
+                                val_metrics={"f1": MulticlassF1Score(num_classes=3)})
+    assert list(custom.get_metrics()) == ["f1"]
 
 
 def test_wrong_num_classes_is_reported(classifier):

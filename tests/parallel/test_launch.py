@@ -138,7 +138,7 @@ LOAD_SCRIPT = textwrap.dedent(
     trainer = Trainer(model, ArrayLoader((x, np.zeros(128, np.int32)), batch_size=16), "12ba", optax.adam(1e-2),
                       devices=1, load_path=sys.argv[1], progress_bar=False, run_summary=False)
     print(json.dumps({"resumed_from": trainer.resumed_from,
-                      "steps": sorted(int(n) for n in os.listdir(sys.argv[1]) if n.isdigit()),
+                      "steps": sorted(int(n.split("-ba")[1]) for n in os.listdir(sys.argv[1]) if "-ba" in n),
                       "params": [np.asarray(p).ravel().tolist()
                                  for p in jax.tree.leaves(trainer.state.train_state.params)]}))
     """

@@ -1,6 +1,6 @@
-"""Checkpoint promises no other test held: ``save_checkpoint(wait=True)``, the load events, callback state by name.
+"""Checkpoint promises no other test held: ``save_checkpoint()``, the load events, callback state by name.
 
-* ``trainer.save_checkpoint(wait=True)`` returns the saved batch index, and the checkpoint is complete on disk
+* ``trainer.save_checkpoint()`` returns the saved checkpoint's folder, and the checkpoint is complete on disk
   when it returns (an async save is still in its ``*.orbax-checkpoint-tmp`` folder then) and loads.
 * BEFORE_LOAD and AFTER_LOAD run right after INIT, around the restore, for ``load_path`` (a save folder or one
   checkpoint in it), ``load_weights_only`` and ``autoresume``; not at all when there is nothing to load.
@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 
 import jax
@@ -41,7 +42,8 @@ def params_of(trainer_or_state) -> list[np.ndarray]:
 
 
 def steps_in(folder) -> list[int]:
-    return sorted(int(name) for name in os.listdir(folder) if name.isdigit())
+    """The batch counts of the checkpoints in ``folder``, read from their names (``ep{epoch}-ba{batch}``)."""
+    return sorted(int(match[1]) for match in (re.fullmatch(r"ep\d+-ba(\d+)", n) for n in os.listdir(folder)) if match)
 
 
 class Counter(Callback):
@@ -95,7 +97,7 @@ class LoadWatcher(Counter):
 
 
 class SaveNow(Callback):
-    """At BATCH_END of batch ``at``: ``trainer.save_checkpoint(wait=True)``, then look at the folder at once."""
+    """At BATCH_END of batch ``at``: ``trainer.save_checkpoint()``, then look at the folder at once."""
 
     def __init__(self, at: int, folder) -> None:
         self.at, self.folder = at, str(folder)
@@ -104,37 +106,37 @@ class SaveNow(Callback):
 
     def batch_end(self, state, logger) -> None:
         if state.timestamp.batch == self.at:
-            returned = self.trainer.save_checkpoint(wait=True)
+            returned = self.trainer.save_checkpoint()
             self.seen = {
                 "returned": returned,
                 "names": sorted(os.listdir(self.folder)),
-                "complete": os.path.exists(os.path.join(self.folder, str(returned), "_CHECKPOINT_METADATA")),
+                "complete": os.path.exists(os.path.join(returned, "_CHECKPOINT_METADATA")),
                 "params": params_of(state),
             }
 
 
-def test_save_checkpoint_wait_returns_the_batch_and_the_checkpoint_is_on_disk_and_loads(tmp_path):
+def test_save_checkpoint_returns_the_folder_and_the_checkpoint_is_on_disk_and_loads(tmp_path):
     folder = tmp_path / "checkpoints"
     save_now = SaveNow(2, folder)
     trainer = make_trainer(folder, callbacks=[save_now], save_interval="100ba")
     save_now.trainer = trainer
     trainer.fit()
     seen = save_now.seen
-    assert seen["returned"] == 2
+    assert seen["returned"] == str(folder / "ep0-ba2")
     assert seen["complete"], seen["names"]  # finished, not still being written
-    assert "2" in seen["names"] and not any("tmp" in name for name in seen["names"]), seen["names"]
-    # After training: the end of training was saved (batch 4); saving again returns that index.
-    assert trainer.save_checkpoint(wait=True) == trainer.state.timestamp.batch == 4
+    assert "ep0-ba2" in seen["names"] and not any("tmp" in name for name in seen["names"]), seen["names"]
+    # After training: the end of training was saved (batch 4); saving it again returns that checkpoint.
+    assert trainer.save_checkpoint() == str(folder / "ep0-ba4") and trainer.state.timestamp.batch == 4
     trainer.close()
     assert steps_in(folder) == [2, 4]
 
-    loaded = make_trainer(load_path=str(folder / "2"))
+    loaded = make_trainer(load_path=str(folder / "ep0-ba2"))
     assert loaded.resumed_from == 2 and loaded.state.timestamp.batch == 2
     for saved, restored in zip(seen["params"], params_of(loaded), strict=True):
         np.testing.assert_array_equal(saved, restored)
 
     with pytest.raises(ValueError, match="save_folder"):
-        make_trainer().save_checkpoint(wait=True)
+        make_trainer().save_checkpoint()
 
 
 @pytest.fixture(scope="module")
@@ -157,7 +159,7 @@ def test_before_load_and_after_load_run_around_the_restore(saved_run, tmp_path, 
         folder = shutil.copytree(folder, tmp_path / "checkpoints")
         trainer = make_trainer(folder, callbacks=[watcher], autoresume=True)
     elif how == "load_path_one_checkpoint":
-        trainer = make_trainer(callbacks=[watcher], load_path=str(folder / "2"))
+        trainer = make_trainer(callbacks=[watcher], load_path=str(folder / "ep0-ba2"))
     else:
         trainer = make_trainer(callbacks=[watcher], load_path=str(folder), load_weights_only=how == "load_weights_only")
     loaded_batch = {"load_path_one_checkpoint": 2}.get(how, 4)

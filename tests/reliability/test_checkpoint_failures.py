@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -48,7 +49,14 @@ def params_of(trainer: Trainer) -> list[np.ndarray]:
 
 
 def steps_in(folder) -> list[int]:
-    return sorted(int(name) for name in os.listdir(folder) if name.isdigit())
+    """The batch counts of the checkpoints in ``folder``, read from their names (``ep{epoch}-ba{batch}``)."""
+    return sorted(int(match[1]) for match in (re.fullmatch(r"ep\d+-ba(\d+)", n) for n in os.listdir(folder)) if match)
+
+
+def checkpoint_at(folder, step) -> Path:
+    """The folder of the checkpoint of batch ``step`` (``ep{epoch}-ba{step}``)."""
+    (name,) = [name for name in os.listdir(folder) if re.fullmatch(rf"ep\d+-ba{step}", name)]
+    return Path(folder) / name
 
 
 def run_script(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -63,7 +71,7 @@ def test_a_new_run_into_a_folder_with_checkpoints_is_refused_before_it_trains(tm
     with pytest.raises(ValueError) as error:
         make_trainer(tmp_path, save_interval="3ba")
     message = str(error.value)
-    assert f"save_folder={str(tmp_path)!r} already holds checkpoints [3, 6]" in message
+    assert f"save_folder={str(tmp_path)!r} already holds checkpoints ['ep0-ba3', 'ep1-ba6']" in message
     assert "autoresume=True" in message and "save_overwrite=True" in message
     assert steps_in(tmp_path) == [3, 6]
 
@@ -100,8 +108,12 @@ def test_a_finished_run_restarted_with_autoresume_finishes_again_without_a_save_
 def test_a_save_refused_by_orbax_raises_instead_of_returning(tmp_path, monkeypatch):
     trainer = make_trainer(tmp_path, duration="2ba", save_interval="10ba")
     trainer.fit()  # fit's own final save: checkpoint 2
-    monkeypatch.setattr(trainer.checkpointer.manager, "save", lambda *args, **kwargs: False)
-    with pytest.raises(CheckpointSaveError, match="checkpoint 3 not saved: orbax refused it"):
+
+    def refuse(*args, **kwargs):
+        raise ValueError("Destination is not writable")
+
+    monkeypatch.setattr(trainer.checkpointer.writer, "save", refuse)
+    with pytest.raises(CheckpointSaveError, match="checkpoint ep0-ba3 not saved in .*: ValueError: Destination is not"):
         trainer.fit("1ba")  # the end-of-fit save is refused: fit fails instead of returning
     assert steps_in(tmp_path) == [2]
     assert trainer.checkpointer.last_saved == 2
@@ -114,18 +126,19 @@ def test_a_checkpoint_another_writer_put_ahead_is_an_error_not_a_skip(tmp_path):
     other = make_trainer(None, duration="2ba")
     other.fit()
     writer = Checkpointer(str(tmp_path), interval="10ba")  # a second writer, no lock taken
-    with pytest.raises(CheckpointSaveError, match=r"checkpoint 2 not saved: .* already holds checkpoint\(s\) \[4\]"):
+    with pytest.raises(CheckpointSaveError, match=r"checkpoint ep0-ba2 not saved: .* already holds checkpoint\(s\) "
+                                                  r"\['ep0-ba4'\]"):
         writer.save(other.state)
     writer.close()
 
 
-def test_save_checkpoint_with_wait_returns_a_checkpoint_that_is_on_disk(tmp_path):
+def test_save_checkpoint_returns_a_checkpoint_that_is_on_disk(tmp_path):
     trainer = make_trainer(tmp_path, duration="3ba", save_interval="10ba")
     trainer.fit()
     trainer.fit("2ba")
-    assert trainer.save_checkpoint(wait=True) == 5
+    assert trainer.save_checkpoint() == str(tmp_path / "ep0-ba5")
     assert trainer.checkpointer.last_saved == 5 and 5 in steps_in(tmp_path)
-    loaded = make_trainer(None, load_path=str(tmp_path / "5"))
+    loaded = make_trainer(None, load_path=str(tmp_path / "ep0-ba5"))
     assert loaded.state.timestamp.batch == 5
 
 
@@ -149,7 +162,8 @@ def test_a_save_that_fails_on_a_full_disk_ends_the_run_at_once_with_the_error(fu
     assert done.returncode == 1
     assert elapsed < 60  # orbax's writer threads used to keep the process alive for about 5 minutes
     last = done.stderr.strip().splitlines()[-1]
-    assert "CheckpointSaveError: checkpoint 2 was not saved" in done.stderr and "No space left on device" in done.stderr
+    assert "CheckpointSaveError: checkpoint ep0-ba2 was not saved" in done.stderr
+    assert "No space left on device" in done.stderr
     assert "DONE" not in done.stdout and "saved checkpoint" not in done.stdout + done.stderr
     # One line per orbax error, no pages of tracebacks: the writes tensorstore finishes after orbax's
     # event loop closed (0 to 26 bare tracebacks, by timing) are folded into one line.
@@ -164,7 +178,7 @@ def test_an_exception_during_fit_finishes_the_save_in_flight_and_reraises_first(
     done = run_script("--save-folder", str(folder), "--save-interval", "5ba", "--fail-at", "7")
     assert done.returncode == 1
     assert done.stderr.strip().splitlines()[-1] == "OSError: the data source went away at batch 7"
-    assert "checkpoint 5, in flight, was finished and verified" in done.stderr
+    assert "checkpoint ep0-ba5, in flight, was finished and verified" in done.stderr
     assert steps_in(folder) == [5] and not [name for name in os.listdir(folder) if "tmp" in name]
     resumed = run_script("--save-folder", str(folder), "--save-interval", "5ba", "--autoresume",
                          "--out", str(tmp_path / "out.json"))
@@ -180,7 +194,7 @@ def test_a_second_live_run_is_refused_the_folder_and_a_killed_owner_releases_it(
     try:
         assert owner.stdout.readline().strip() == "READY 0"
         deadline = time.monotonic() + 60
-        while not (folder / "2").is_dir():  # the owner holds at batch 4; checkpoint 2 lands in the background
+        while not (folder / "ep0-ba2").is_dir():  # the owner holds at batch 4; checkpoint 2 lands in the background
             assert time.monotonic() < deadline, os.listdir(folder)
             time.sleep(0.05)
         second = run_script("--save-folder", str(folder), "--autoresume")
@@ -206,7 +220,7 @@ def three_checkpoints(tmp_path):
 
 
 def params_at(folder, step) -> list[np.ndarray]:
-    return params_of(make_trainer(None, load_path=str(folder / str(step))))
+    return params_of(make_trainer(None, load_path=str(checkpoint_at(folder, step))))
 
 
 def resume_reporting(folder, capsys) -> tuple[Trainer, str]:
@@ -216,7 +230,7 @@ def resume_reporting(folder, capsys) -> tuple[Trainer, str]:
 
 def test_bytes_overwritten_in_the_data_files_are_caught_and_the_checkpoint_skipped(three_checkpoints, capsys):
     expected = params_at(three_checkpoints, 4)
-    for data in (three_checkpoints / "6" / "state").rglob("*"):
+    for data in (three_checkpoints / "ep1-ba6" / "state").rglob("*"):
         if data.is_file() and data.parent.name == "d":
             raw = bytearray(data.read_bytes())
             middle = len(raw) // 2
@@ -224,7 +238,7 @@ def test_bytes_overwritten_in_the_data_files_are_caught_and_the_checkpoint_skipp
             data.write_bytes(bytes(raw))
     trainer, err = resume_reporting(three_checkpoints, capsys)
     assert trainer.resumed_from == 4
-    assert "skipped checkpoint 6" in err and "DATA_LOSS" in err  # tensorstore's own check on its files
+    assert "skipped checkpoint ep1-ba6" in err and "DATA_LOSS" in err  # tensorstore's own check on its files
     for saved, loaded in zip(expected, params_of(trainer)):
         np.testing.assert_array_equal(saved, loaded)
     trainer.fit()  # back at batch 6, the run replaces the corrupt checkpoint instead of being refused
@@ -239,12 +253,12 @@ def test_arrays_that_read_back_but_differ_from_what_was_written_fail_the_checksu
 
     # A well-formed 'state' item from another checkpoint (a partial copy, a mixed-up restore): tensorstore
     # reads it without complaint; only the checksums saved with checkpoint 6 can tell.
-    shutil.rmtree(three_checkpoints / "6" / "state")
-    shutil.copytree(three_checkpoints / "4" / "state", three_checkpoints / "6" / "state")
+    shutil.rmtree(three_checkpoints / "ep1-ba6" / "state")
+    shutil.copytree(three_checkpoints / "ep0-ba4" / "state", three_checkpoints / "ep1-ba6" / "state")
     expected = params_at(three_checkpoints, 4)
     trainer, err = resume_reporting(three_checkpoints, capsys)
     assert trainer.resumed_from == 4
-    assert "skipped checkpoint 6" in err and "differ from what was written (checksum)" in err
+    assert "skipped checkpoint ep1-ba6" in err and "differ from what was written (checksum)" in err
     assert "params.layers.0.kernel" in err or "opt_state" in err or "clock" in err
     for saved, loaded in zip(expected, params_of(trainer)):
         np.testing.assert_array_equal(saved, loaded)
@@ -265,29 +279,30 @@ def test_a_checksum_catches_a_flipped_bit_in_any_position():
 
 
 def test_an_unreadable_meta_item_is_skipped(three_checkpoints, capsys):
-    (three_checkpoints / "6" / "meta" / "metadata").write_text("{not json")
+    (three_checkpoints / "ep1-ba6" / "meta" / "metadata").write_text("{not json")
     trainer, err = resume_reporting(three_checkpoints, capsys)
     assert trainer.resumed_from == 4
-    assert "skipped checkpoint 6" in err and "'meta' item cannot be read" in err
+    assert "skipped checkpoint ep1-ba6" in err and "'meta' item cannot be read" in err
 
 
 def test_a_missing_item_is_reported_as_an_incomplete_checkpoint_and_skipped(three_checkpoints, capsys):
     import shutil
 
-    shutil.rmtree(three_checkpoints / "6" / "state")
+    shutil.rmtree(three_checkpoints / "ep1-ba6" / "state")
     trainer, err = resume_reporting(three_checkpoints, capsys)
     assert trainer.resumed_from == 4
-    assert "checkpoint 6 is incomplete: its 'state' item (the arrays) is missing" in err
+    assert "checkpoint ep1-ba6 is incomplete: its 'state' item (the arrays) is missing" in err
 
 
 def test_when_every_checkpoint_is_corrupt_the_error_lists_each(three_checkpoints):
-    for step in (2, 4, 6):
-        (three_checkpoints / str(step) / "meta" / "metadata").write_text("garbage")
+    names = ("ep0-ba2", "ep0-ba4", "ep1-ba6")
+    for name in names:
+        (three_checkpoints / name / "meta" / "metadata").write_text("garbage")
     with pytest.raises(CheckpointCorruptError) as error:
         make_trainer(three_checkpoints, save_interval="2ba", autoresume=True)
     message = str(error.value)
     assert "no checkpoint loads" in message
-    assert all(f"checkpoint {step}:" in message for step in (2, 4, 6))
+    assert all(f"checkpoint {name}:" in message for name in names)
 
 
 def test_a_checkpoint_that_does_not_fit_stops_the_walk_instead_of_skipping(three_checkpoints):

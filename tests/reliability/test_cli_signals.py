@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -53,7 +54,10 @@ def loss_steps(path: Path) -> list[int]:
 
 
 def checkpoints(folder: Path) -> list[int]:
-    return sorted(int(name) for name in os.listdir(folder) if name.isdigit()) if folder.exists() else []
+    """The batch counts of the checkpoints in ``folder``, read from their names (``ep{epoch}-ba{batch}``)."""
+    if not folder.exists():
+        return []
+    return sorted(int(match[1]) for match in (re.fullmatch(r"ep\d+-ba(\d+)", n) for n in os.listdir(folder)) if match)
 
 
 @pytest.mark.parametrize("signum,status", [(signal.SIGTERM, 143), (signal.SIGINT, 130)], ids=["SIGTERM", "SIGINT"])

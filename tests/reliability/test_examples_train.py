@@ -90,7 +90,7 @@ def test_each_recipe_trains_through_composerjax_train(runs, recipe):
     assert f"run {values['run_name']}: {BATCHES} batches" in stdout, stdout
     loss = re.search(r"final train loss\s+(\S+)", stdout)
     assert loss is not None and math.isfinite(float(loss.group(1))), stdout
-    accuracy = re.search(r"^\s+accuracy\s+(\S+)$", stdout, re.MULTILINE)
+    accuracy = re.search(r"^\s+\w*Accuracy\s+(\S+)$", stdout, re.MULTILINE)  # Multiclass/Masked
     assert accuracy is not None and 0.0 <= float(accuracy.group(1)) <= 1.0, stdout
     (path,) = [logger["file"]["path"] for logger in values["loggers"] if "file" in logger]
     assert_finite_losses(folder / path)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -31,7 +32,8 @@ def outcome(tmp_path: Path) -> list[dict]:
 
 
 def steps_in(folder: Path) -> list[int]:
-    return sorted(int(name) for name in os.listdir(folder) if name.isdigit())
+    """The batch counts of the checkpoints in ``folder``, read from their names (``ep{epoch}-ba{batch}``)."""
+    return sorted(int(match[1]) for match in (re.fullmatch(r"ep\d+-ba(\d+)", n) for n in os.listdir(folder)) if match)
 
 
 def test_sigterm_to_one_rank_stops_every_rank_at_the_same_batch_with_a_checkpoint(tmp_path):

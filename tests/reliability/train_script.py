@@ -108,9 +108,9 @@ def main() -> None:
         if args.out:
             out = args.out.replace("RANK", str(jax.process_index()))
             with open(out, "w") as file:
-                json.dump({"batch": trainer.state.timestamp.batch, "stop_reason": trainer.stop_reason,
+                json.dump({"batch": int(trainer.state.timestamp.batch), "stop_reason": trainer.stop_reason,
                            "resumed_from": resumed, "process": jax.process_index()}, file)
-    print(f"DONE {trainer.state.timestamp.batch}", flush=True)
+    print(f"DONE {int(trainer.state.timestamp.batch)}", flush=True)
     sys.stdout.flush()
 
 

@@ -52,8 +52,8 @@ class Kill(Callback):
 
     def batch_end(self, state, logger) -> None:
         if state.timestamp.batch == self.at:
-            if self.saved is not None:
-                while not os.path.isdir(os.path.join(self.folder, str(self.saved))):
+            if self.saved is not None:  # its folder is named ep{epoch}-ba{batch}
+                while not any(name.endswith(f"-ba{self.saved}") for name in os.listdir(self.folder)):
                     time.sleep(0.01)
             os.kill(os.getpid(), signal.SIGKILL)
 
@@ -115,11 +115,11 @@ def main() -> None:
         checkpointer = trainer.checkpointer
         save = checkpointer.save
 
-        def save_then_die(state, hparams=None):
-            step = save(state, hparams)
-            if step == args.kill_after_save:
+        def save_then_die(state, hparams=None, **options):
+            path = save(state, hparams, **options)
+            if int(state.timestamp.batch) == args.kill_after_save:
                 os.kill(os.getpid(), signal.SIGKILL)  # while orbax is still writing it
-            return step
+            return path
 
         checkpointer.save = save_then_die
     resumed_from = trainer.resumed_from
@@ -128,7 +128,7 @@ def main() -> None:
     leaves = jax.tree.leaves(jax.device_get(trainer.state.train_state))
     np.savez(os.path.join(args.out, "final.npz"), *[np.asarray(leaf) for leaf in leaves])
     with open(os.path.join(args.out, "result.json"), "w") as handle:
-        json.dump({"resumed_from": resumed_from, "batch": trainer.state.timestamp.batch}, handle)
+        json.dump({"resumed_from": resumed_from, "batch": int(trainer.state.timestamp.batch)}, handle)
 
 
 if __name__ == "__main__":

@@ -48,7 +48,8 @@ def test_the_arguments_install_the_built_ins_after_the_users_callbacks(tmp_path)
                       ("CheckpointSaver", "EPOCH_CHECKPOINT", 4), ("CheckpointSaver", "BATCH_CHECKPOINT", 6),
                       ("EvalRunner", "BATCH_END", 8), ("CheckpointSaver", "EPOCH_CHECKPOINT", 8)]
     assert all(t.duration_s is not None and t.duration_s > 0 for t in trainer.engine.trace_log)
-    assert sorted(int(p.name) for p in tmp_path.iterdir() if p.name.isdigit()) == [2, 4, 6, 8]
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("ep")) == ["ep0-ba2", "ep1-ba4", "ep1-ba6",
+                                                                                     "ep2-ba8"]
 
 
 def test_a_users_own_instance_replaces_the_default(tmp_path):
@@ -58,8 +59,11 @@ def test_a_users_own_instance_replaces_the_default(tmp_path):
     assert trainer.checkpointer is saver.checkpointer
     trainer.fit()
     trainer.close()
-    assert sorted(int(p.name) for p in (tmp_path / "mine").iterdir() if p.name.isdigit()) == [3, 6, 8]
-    assert [t.batch for t in trainer.engine.trace_log if t.name == "EvalRunner"] == [5]  # not the default '1ep'
+    assert sorted(p.name for p in (tmp_path / "mine").iterdir() if p.name.startswith("ep")) == ["ep0-ba3", "ep1-ba6",
+                                                                                              "ep2-ba8"]
+    # Not the default '1ep': batch 5, and batch 8 at FIT_END (Composer: the run ended off-interval).
+    assert [(t.event.name, t.batch) for t in trainer.engine.trace_log if t.name == "EvalRunner"] == [
+        ("BATCH_END", 5), ("FIT_END", 8)]
     with pytest.raises(ValueError, match="save_folder=.* and a CheckpointSaver in callbacks"):
         make(save_folder=str(tmp_path / "other"), callbacks=[CheckpointSaver(tmp_path / "third")])
 
@@ -76,8 +80,11 @@ def test_next_due_names_the_batch_a_save_or_an_eval_falls_on():
     assert CheckpointSaver("unused", save_interval="4ba").next_due(Timestamp(batch=5)) == 8
     assert CheckpointSaver("unused", save_interval="4ba").next_due(Timestamp(batch=8)) == 12
     assert CheckpointSaver("unused", save_interval="1ep").next_due(Timestamp(batch=5)) is None
-    assert EvalRunner("3ba").next_due(Timestamp(batch=0)) == 3
-    assert EvalRunner(Time(2, "ep")).next_due(Timestamp(batch=0)) is None
+    batches = [(X[:8], Y[:8])]
+    assert EvalRunner("3ba", dataloader=batches).next_due(Timestamp(batch=0)) == 3
+    assert EvalRunner("3ba").next_due(Timestamp(batch=0)) is None  # nothing to evaluate
+    assert EvalRunner(Time(2, "ep"), dataloader=batches).next_due(Timestamp(batch=0)) is None
+    assert EvalRunner("40sp", dataloader=batches).next_due(Timestamp(batch=4)) == 5  # decided batch by batch
     assert TimeLimit("1h").next_due(Timestamp()) is None and TimeLimit("1h").seconds == 3600.0
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import threading
 
@@ -51,7 +52,8 @@ def assert_same(a: list[np.ndarray], b: list[np.ndarray]) -> None:
 
 
 def saved_steps(folder) -> list[int]:
-    return sorted(int(name) for name in os.listdir(folder) if name.isdigit())
+    """The batch counts of the checkpoints in ``folder``, read from their names (``ep{epoch}-ba{batch}``)."""
+    return sorted(int(match[1]) for match in (re.fullmatch(r"ep\d+-ba(\d+)", n) for n in os.listdir(folder)) if match)
 
 
 class Crash(Callback):
@@ -97,7 +99,7 @@ def test_keep_n_and_load_path_from_folder_or_one_checkpoint(tmp_path, uninterrup
     loaded = make_trainer(None, load_path=str(tmp_path))
     assert loaded.resumed_from == 9 and loaded.state.timestamp.epoch == 3
     assert_same(leaves(uninterrupted), leaves(loaded))
-    older = make_trainer(None, load_path=str(tmp_path / "8"))
+    older = make_trainer(None, load_path=str(tmp_path / "ep2-ba8"))
     assert older.resumed_from == 8 and older.state.timestamp.batch == 8
 
 
@@ -139,7 +141,7 @@ def test_weights_only_save_and_load(tmp_path, uninterrupted):
     trainer = make_trainer(tmp_path, save_weights_only=True)
     trainer.fit()
     trainer.close()
-    saved = Checkpointer(str(tmp_path)).manager.item_metadata(9)["state"].tree
+    saved = Checkpointer(str(tmp_path)).writer.metadata(str(tmp_path / "ep3-ba9")).item_metadata["state"].tree
     assert sorted(saved) == ["params", "rest"]
     fresh = make_trainer(None, optimizer=optax.sgd(0.1))
     loaded = make_trainer(None, optimizer=optax.sgd(0.1), load_path=str(tmp_path), load_weights_only=True)
@@ -160,7 +162,7 @@ def test_hyperparameters_are_saved_as_json(tmp_path):
     assert hparams["max_duration"] == "2ba" and hparams["seed"] == 7 and hparams["save_interval"] == "1ba"
     assert hparams["algorithms"][0]["name"] == "EMA"
     assert hparams["versions"]["jax"] == jax.__version__
-    on_disk = json.loads((tmp_path / "2" / "meta" / "metadata").read_text())
+    on_disk = json.loads((tmp_path / "ep0-ba2" / "meta" / "metadata").read_text())
     assert on_disk["hparams"] == hparams and on_disk["host"]["timestamp"]["batch"] == 2
 
 
@@ -320,7 +322,7 @@ def test_orbax_writer_threads_run_at_the_lowest_priority_and_the_main_thread_doe
             if state.timestamp.batch != 3:
                 return
             before = set(trainer.checkpointer.writer_threads)
-            trainer.save_checkpoint()  # async: its writer threads are at work when it returns
+            trainer.checkpointer.save(state)  # async: its writer threads are at work when it returns
             switch_intervals.append(sys.getswitchinterval())
             for tid in trainer.checkpointer.writer_threads - before:
                 try:

@@ -50,8 +50,8 @@ def test_params_swapped_on_host_events_reach_eval_and_come_back(classification_a
     before = jax.device_get(trainer.state.params)
     results = trainer.eval(ArrayLoader((x, y), 64, shuffle=False))
     # zero weights: uniform logits, loss ln 2, argmax picks class 0
-    assert results["cross_entropy"] == pytest.approx(np.log(2), rel=1e-6)
-    assert results["accuracy"] == pytest.approx(float(np.mean(y == 0)))
+    assert results["CrossEntropy"] == pytest.approx(np.log(2), rel=1e-6)
+    assert results["MulticlassAccuracy"] == pytest.approx(float(np.mean(y == 0)))
     after = jax.device_get(trainer.state.params)
     for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(after)):
         np.testing.assert_array_equal(a, b)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -34,7 +35,8 @@ def result(out) -> dict:
 
 
 def complete_steps(folder) -> list[int]:
-    return sorted(int(name) for name in os.listdir(folder) if name.isdigit())
+    """The batch counts of the complete checkpoints in ``folder``, read from their names (``ep{epoch}-ba{batch}``)."""
+    return sorted(int(match[1]) for match in (re.fullmatch(r"ep\d+-ba(\d+)", n) for n in os.listdir(folder)) if match)
 
 
 @pytest.mark.parametrize("loader", ["array", "grain"])
@@ -66,7 +68,7 @@ def test_sigkill_while_a_checkpoint_is_written_leaves_the_previous_one_loadable(
         expect=-signal.SIGKILL)
     names = os.listdir(folder)
     assert complete_steps(folder) == [2]
-    assert any(name.startswith("4.") and "tmp" in name for name in names), names  # the half-written one
+    assert any(re.fullmatch(r"ep\d+-ba4\..*tmp.*", name) for name in names), names  # the half-written one
     run(tmp_path / "resumed", "--width", "20000", "--max-duration", "6ba", "--save-folder", str(folder),
         "--autoresume")
     assert result(tmp_path / "resumed") == {"resumed_from": 2, "batch": 6}
@@ -137,7 +139,7 @@ CROSS_DEVICE = textwrap.dedent(
         target.fit("2ba")
         report[f"{saved_on} {saved_as}->{loaded_on} {loaded_as}"] = {
             "same": same, "devices": len(leaf.sharding.device_set), "shard": shard,
-            "batch": target.state.timestamp.batch}
+            "batch": target.state.timestamp.batch.value}
     print(json.dumps(report))
     """
 )

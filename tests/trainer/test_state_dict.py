@@ -69,9 +69,10 @@ def test_resume_mid_epoch_is_bit_identical():
     assert resumed.state.timestamp.batch == 7 and resumed.state.timestamp.batch_in_epoch == 2
     resumed.fit()
 
+    wall_clock = resumed.state.timestamp.counts  # float seconds: a timedelta would round them to microseconds
     assert resumed.state.timestamp == uninterrupted.state.timestamp.copy(
-        total_wct=resumed.state.timestamp.total_wct, epoch_wct=resumed.state.timestamp.epoch_wct,
-        batch_wct=resumed.state.timestamp.batch_wct)
+        total_wct=wall_clock.total_wct, iteration_wct=wall_clock.iteration_wct, epoch_wct=wall_clock.epoch_wct,
+        batch_wct=wall_clock.batch_wct)
     assert resumed.state.callbacks[0].batches == uninterrupted.state.callbacks[0].batches == 15
     expected = jax.device_get(uninterrupted.state.train_state)
     got = jax.device_get(resumed.state.train_state)

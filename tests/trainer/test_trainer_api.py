@@ -35,7 +35,7 @@ class ReadModelAtBatchEnd(Callback):
         self.params: dict[int, dict[str, np.ndarray]] = {}
 
     def batch_end(self, state, logger):
-        self.params[state.timestamp.batch] = linear_params(state.model)
+        self.params[state.timestamp.batch.value] = linear_params(state.model)
 
 
 @pytest.fixture(scope="module")

@@ -43,7 +43,7 @@ class EventRecorder(Callback):
         leaves = jax.tree.leaves(state.batch)
         traced = bool(leaves) and isinstance(leaves[0], jax.core.Tracer)
         clock = state.timestamp
-        self.seen.append(Seen(event, clock.batch, clock.epoch, clock.batch_in_epoch, traced))
+        self.seen.append(Seen(event, clock.batch.value, clock.epoch.value, clock.batch_in_epoch.value, traced))
 
     def take(self) -> list[Seen]:
         seen, self.seen = self.seen, []
@@ -87,7 +87,7 @@ def test_init_runs_in_the_constructor_only(recorded_run):
 
 
 def test_fit_event_order_with_traced_events_on_the_compiling_batch_only(recorded_run):
-    expected = [E.FIT_START]
+    expected = [E.FIT_START, E.ITERATION_START]  # one iteration: no state.iteration_length
     for epoch in range(2):
         expected.append(E.EPOCH_START)
         for batch in range(4):
@@ -128,12 +128,13 @@ def test_clock_advances_before_batch_end_and_epoch_end(recorded_run):
 def test_eval_event_order(recorded_run):
     per_batch = [E.EVAL_BATCH_START, E.EVAL_BATCH_END]
     first_batch = [E.EVAL_BATCH_START, E.EVAL_BEFORE_FORWARD, E.EVAL_AFTER_FORWARD, E.EVAL_BATCH_END]
+    # A user's eval(): EVAL_STANDALONE_* around it (EVAL_BEFORE_ALL/AFTER_ALL are for evals during fit).
     assert events(recorded_run.first_eval) == [
-        E.EVAL_BEFORE_ALL, E.EVAL_START, *first_batch, *per_batch * 3, E.EVAL_END, E.EVAL_AFTER_ALL
+        E.EVAL_STANDALONE_START, E.EVAL_START, *first_batch, *per_batch * 3, E.EVAL_END, E.EVAL_STANDALONE_END
     ]
     # Same plan, same shapes: the eval step is not traced again.
     assert events(recorded_run.second_eval) == [
-        E.EVAL_BEFORE_ALL, E.EVAL_START, *per_batch * 4, E.EVAL_END, E.EVAL_AFTER_ALL
+        E.EVAL_STANDALONE_START, E.EVAL_START, *per_batch * 4, E.EVAL_END, E.EVAL_STANDALONE_END
     ]
     assert [s.traced for s in recorded_run.first_eval] == [
         s.event in (E.EVAL_BEFORE_FORWARD, E.EVAL_AFTER_FORWARD) for s in recorded_run.first_eval
@@ -152,10 +153,10 @@ def test_eval_metrics_match_an_independent_computation(recorded_run):
     optax_cross_entropy = float(optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean())
 
     metrics = recorded_run.metrics
-    assert set(metrics) == {"accuracy", "cross_entropy"}
-    assert metrics["accuracy"] == accuracy
-    assert metrics["cross_entropy"] == pytest.approx(cross_entropy, rel=1e-5)
-    assert metrics["cross_entropy"] == pytest.approx(optax_cross_entropy, rel=1e-5)
+    assert set(metrics) == {"CrossEntropy", "MulticlassAccuracy"}
+    assert metrics["MulticlassAccuracy"] == accuracy
+    assert metrics["CrossEntropy"] == pytest.approx(cross_entropy, rel=1e-5)
+    assert metrics["CrossEntropy"] == pytest.approx(optax_cross_entropy, rel=1e-5)
     assert recorded_run.trainer.state.metrics["eval"] == metrics
 
 
@@ -185,7 +186,7 @@ def test_eval_interval_one_epoch_evaluates_after_each_epoch(classification_array
     assert [seen[i + 1].event for i in ends] == [E.EPOCH_CHECKPOINT, E.EPOCH_CHECKPOINT]
     assert events(seen).count(E.EVAL_BATCH_END) == 4  # 2 evals x 2 batches of 32
     assert events(seen)[-1] is E.FIT_END
-    assert set(trainer.state.metrics["eval"]) == {"accuracy", "cross_entropy"}
+    assert set(trainer.state.metrics["eval"]) == {"CrossEntropy", "MulticlassAccuracy"}
 
 
 def test_eval_interval_defaults_to_one_epoch_with_eval_data(classification_arrays, make_tiny_classifier):
