@@ -59,6 +59,10 @@ class ModelFunctions:
     def predict(self, model: nnx.Module, batch: Any) -> Any:
         raise NotImplementedError
 
+    def train_metric_values(self, model: nnx.Module, batch: Any, outputs: Any) -> dict[str, jax.Array]:
+        """``{'metrics/train/<name>': value}`` of one train batch (none unless the model asks for train metrics)."""
+        return {}
+
 
 class _ComposerModelFunctions(ModelFunctions):
     def check_batch(self, model: ComposerModel, batch: Any, source: str = "train_dataloader",
@@ -98,6 +102,11 @@ class _ComposerModelFunctions(ModelFunctions):
 
     def predict(self, model: ComposerModel, batch: Any) -> Any:
         return model.eval_forward(batch)
+
+    def train_metric_values(self, model: ComposerModel, batch: Any, outputs: Any) -> dict[str, jax.Array]:
+        # Composer: train metrics are the model's get_metrics(is_train=True), off unless it returns some.
+        return {f"metrics/train/{name}": model.update_metric(batch, outputs, metric).compute()
+                for name, metric in model.get_metrics(is_train=True).items()}
 
 
 class _LossFunctionModel(ModelFunctions):

@@ -290,6 +290,8 @@ class StepBuilder:
                 grads, rest = backward(view, params, rest)
             else:
                 grads, rest = self._accumulate(view, params, rest, backward)
+            # Train metrics (off unless the model's get_metrics(is_train=True) gives some), on the whole batch.
+            view.step_metrics.update(functions.train_metric_values(view.model, view.batch, view.outputs))
 
             # Composer's order: AFTER_TRAIN_BATCH sees the whole batch's gradients before the update,
             # and the optimizer applies what it leaves in state.grads (GradientClipping clips there).

@@ -59,7 +59,8 @@ class PendingLogs:
                 (batch + i, loss[i], {name: value[i] for name, value in metrics.items()}) for i in range(group)]
             for step, step_loss, step_metrics in rows:
                 row = {"loss/train/total": float(step_loss)}
-                row.update({f"train/{name}": float(np.mean(value)) for name, value in step_metrics.items()})
+                row.update({name if name.startswith("metrics/") else f"train/{name}": float(np.mean(value))
+                            for name, value in step_metrics.items()})
                 self.logger.log_metrics(row, step=step)
 
 

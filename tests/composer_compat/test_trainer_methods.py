@@ -90,3 +90,26 @@ def test_predict_subset_and_return_outputs(classification_arrays, make_tiny_clas
     assert seen == [(16, 2)] * 6
     with pytest.raises(ValueError, match=r"predict\(subset_num_batches=0\)"):
         trainer.predict(loader, subset_num_batches=0)
+
+
+def test_train_metrics_are_off_by_default_and_logged_per_batch_when_asked(classification_arrays):
+    from flax import nnx
+
+    from composerjax import ComposerClassifier
+    from composerjax.loggers import InMemoryLogger
+    from composerjax.metrics import MulticlassAccuracy
+
+    x, y = classification_arrays
+    memory = InMemoryLogger()
+    make(classification_arrays, ComposerClassifier(nnx.Linear(4, 2, rngs=nnx.Rngs(0)), 2), loggers=[memory],
+         log_interval=1).fit()
+    assert not [name for name in memory.data if name.startswith("metrics/train/")]
+
+    memory = InMemoryLogger()
+    module = nnx.Linear(4, 2, rngs=nnx.Rngs(0))
+    logits = np.asarray(module(x))  # sgd(0.0): the weights never move, so each batch sees these logits
+    model = ComposerClassifier(module, 2, train_metrics=[MulticlassAccuracy(num_classes=2)])
+    make(classification_arrays, model, optimizers=optax.sgd(0.0), loggers=[memory], log_interval=1).fit()
+    logged = [value for _, value in memory.data["metrics/train/MulticlassAccuracy"]]
+    expected = [float(np.mean(np.argmax(logits[i:i + 16], -1) == y[i:i + 16])) for i in range(0, 64, 16)]
+    assert logged == expected
