@@ -1,7 +1,8 @@
 """Per-batch cost of the trainer's clock: this tree's ``Timestamp`` against a previous one, side by side.
 
-The previous ``composerjax/core/time.py`` is read from git (``git show <ref>:composerjax/core/time.py``,
-``HEAD`` by default) into a temporary module, so one run times both on the same machine. Each
+The previous ``composerjax/core/time.py`` is read from git (``git show <ref>:composerjax/core/time.py``;
+by default the newest revision in which it still defined the dataclass ``Timestamp`` of ints) into a
+temporary module, so one run times both on the same machine. Each
 simulated batch does what the fit loop does with the clock: read the batch count for the pending
 loss log, ``to_next_batch(samples, tokens, seconds)``, the epoch-complete and max-duration checks,
 and ``to_next_epoch`` every ``--per-epoch`` batches. The "with callbacks" rows add what the built-in
@@ -11,7 +12,7 @@ Each figure is the best of ``--repeats`` runs over ``--batches`` batches, in CPU
 process (other processes on a busy machine do not count), the two versions taking turns so what
 load remains hits both alike; the ratio is new / previous.
 
-Run: ``.venv/bin/python benchmarks/timestamp_ops.py [--batches 200000] [--repeats 5] [--ref HEAD]``.
+Run: ``.venv/bin/python benchmarks/timestamp_ops.py [--batches 200000] [--repeats 5] [--ref REVISION]``.
 """
 
 from __future__ import annotations
@@ -35,10 +36,21 @@ MAX_BATCHES = 10**9  # a 'ba' max_duration that is never reached
 COUNTER = "batch"  # the fit loop reads the max_duration's counter by name (fit_loop.COUNTER[unit])
 
 
+def git(*args: str) -> str:
+    return subprocess.run(["git", "-C", ROOT, *args], check=True, capture_output=True, text=True).stdout
+
+
+def last_dataclass_revision() -> str:
+    """The newest commit whose ``time.py`` defined ``Timestamp`` as a frozen dataclass of ints."""
+    for commit in git("log", "--format=%h", "--", "composerjax/core/time.py").split():
+        if "@dataclasses.dataclass(frozen=True)\nclass Timestamp" in git("show", f"{commit}:composerjax/core/time.py"):
+            return commit
+    raise SystemExit("no revision of composerjax/core/time.py with the dataclass Timestamp; pass --ref")
+
+
 def load_previous_module(ref: str) -> types.ModuleType:
     """``composerjax/core/time.py`` at git ``ref``, as a module of its own (not the one imported above)."""
-    source = subprocess.run(["git", "-C", ROOT, "show", f"{ref}:composerjax/core/time.py"], check=True,
-                            capture_output=True, text=True).stdout
+    source = git("show", f"{ref}:composerjax/core/time.py")
     module = types.ModuleType("previous_composerjax_time")
     module.__file__ = f"{ref}:composerjax/core/time.py"
     sys.modules[module.__name__] = module  # dataclasses look their module up while building the class
@@ -106,20 +118,22 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=200_000)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--per-epoch", type=int, default=100)
-    parser.add_argument("--ref", default="HEAD", help="the git revision whose Timestamp is 'previous'")
+    parser.add_argument("--ref", default=None, help="the git revision whose Timestamp is 'previous' (default: the "
+                        "newest one with the dataclass Timestamp)")
     args = parser.parse_args()
+    args.ref = args.ref or last_dataclass_revision()
     previous = load_previous_module(args.ref)
     check_same_counts(previous, 1000, args.per_epoch)
 
     print(f"{args.batches} simulated batches ({args.per_epoch} per epoch), best of {args.repeats}; "
           f"Python {sys.version.split()[0]}\n")
-    print(f"| {'per batch':<36} | {'previous (' + args.ref + ')':>16} | {'new':>10} | {'new / previous':>14} |")
-    print(f"| {'-' * 36} | {'-' * 16}:| {'-' * 10}:| {'-' * 14}:|")
+    print(f"| {'per batch':<36} | {'previous (' + args.ref + ')':>20} | {'new':>10} | {'new / previous':>14} |")
+    print(f"| {'-' * 36} | {'-' * 20}:| {'-' * 10}:| {'-' * 14}:|")
     for label, callbacks in (("fit loop", False), ("fit loop + eval/checkpoint callbacks", True)):
         old, new = best_seconds([(previous_loop, previous.Timestamp), (new_loop, Timestamp)], args.batches,
                                 args.per_epoch, callbacks, args.repeats)
         old_ns, new_ns = old / args.batches * 1e9, new / args.batches * 1e9
-        print(f"| {label:<36} | {old_ns:>13.0f} ns | {new_ns:>7.0f} ns | {new_ns / old_ns:>14.2f} |")
+        print(f"| {label:<36} | {old_ns:>17.0f} ns | {new_ns:>7.0f} ns | {new_ns / old_ns:>14.2f} |")
 
     # What one read costs now that a field builds a Time (or a timedelta), for callbacks that read many.
     clock = Timestamp().to_next_batch(SAMPLES, TOKENS, SECONDS)

@@ -169,7 +169,7 @@ def evaluate_periodically(eval_interval: int | str | Time, field: str = "eval_in
         previous, now = state.previous_timestamp, state.timestamp
         if previous is None or state.max_duration is None:
             return False
-        batch = int(now.batch)
+        batch = now.counts.batch  # plain numbers: this runs every batch
         if event is Event.FIT_END:
             if state.get_elapsed_duration() >= 1.0 and batch != last_batch_seen:
                 last_batch_seen = batch
@@ -180,7 +180,7 @@ def evaluate_periodically(eval_interval: int | str | Time, field: str = "eval_in
         if unit is TimeUnit.DURATION:
             due = _duration_due(state, every, previous, now)
         else:
-            before, after = float(previous.get(unit).value), float(now.get(unit).value)
+            before, after = getattr(previous.counts, _COUNTS[unit]), getattr(now.counts, _COUNTS[unit])
             due = math.floor(before / every) != math.floor(after / every)
         if due:
             last_batch_seen = batch
@@ -191,6 +191,8 @@ def evaluate_periodically(eval_interval: int | str | Time, field: str = "eval_in
     return rule
 
 
+_COUNTS = {TimeUnit.EPOCH: "epoch", TimeUnit.ITERATION: "iteration", TimeUnit.BATCH: "batch",
+           TimeUnit.SAMPLE: "sample", TimeUnit.TOKEN: "token", TimeUnit.SECOND: "total_wct"}
 _RULE_NAMES = {Event.EPOCH_END: "epoch_interval", Event.ITERATION_END: "iteration_interval",
                Event.BATCH_END: "batch_interval"}
 
@@ -203,10 +205,10 @@ def _duration_due(state: Any, fraction: float, previous: Any, now: Any) -> bool:
             raise ValueError(f"eval_interval in 'dur' with max_duration={duration} needs a train dataloader "
                              "with a length")
         period = math.ceil(duration.value * fraction * state.dataloader_len)
-        return period > 0 and int(now.batch) % period == 0
+        return period > 0 and now.counts.batch % period == 0
     if duration.unit is TimeUnit.BATCH:
         period = math.ceil(duration.value * fraction)
-        return period > 0 and int(now.batch) % period == 0
+        return period > 0 and now.counts.batch % period == 0
     period = math.ceil(duration.value * fraction)
     if period <= 0:
         return False

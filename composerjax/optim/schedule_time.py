@@ -61,13 +61,15 @@ def convert_time(time: Time | str, max_duration: Time | None, dataloader_len: in
         field: the argument, for error messages (``"StepScheduler(step_size='1ep')"``).
 
     Raises:
-        ValueError: a wall-clock time, no ``max_duration``, or epochs without a data loader length.
+        ValueError: a negative or wall-clock time, no ``max_duration``, or epochs without a data loader length.
 
     Example:
         >>> convert_time('100sp', max_duration=Time(10, 'ep'), dataloader_len=5, ssr=0.5)
         Time(50, TimeUnit.SAMPLE)
     """
     time = _as_time(time, field)
+    if time.value < 0:
+        raise ValueError(f"{field}: expected a non-negative time, got {time}")
     if time.unit is TimeUnit.SECOND:
         raise ValueError(f"{field}: wall clock time is not an allowed time unit for a scheduler; use ba, ep, sp, "
                          "tok or dur")

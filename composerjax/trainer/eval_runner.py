@@ -65,14 +65,14 @@ class EvalRunner(Callback):
         for evaluator in self.evaluators:
             interval = getattr(self._rule(evaluator), "interval", None)
             if interval is None:  # a callable: it may want any batch
-                return int(timestamp.batch) + 1
+                return timestamp.counts.batch + 1
             if interval.unit in (TimeUnit.EPOCH, TimeUnit.ITERATION) or interval.value == 0:
                 continue
             if interval.unit is TimeUnit.BATCH:
                 every = int(interval.value)
-                nxt = (int(timestamp.batch) // every + 1) * every
+                nxt = (timestamp.counts.batch // every + 1) * every
             else:  # samples, tokens, seconds, fractions: decided batch by batch
-                nxt = int(timestamp.batch) + 1
+                nxt = timestamp.counts.batch + 1
             due = nxt if due is None else min(due, nxt)
         return due
 

@@ -217,6 +217,9 @@ RECIPE_FORMS: dict[str, RecipeForm] = {
     "eval_interval": RecipeForm(str | int | None, "a time string ('1ep', '500ba', '0.25dur') or an int (epochs); "
                                 "a callable (state, event) -> bool exists only in Python", lambda value: value,
                                 lambda value, given: given if given is not None else _write_interval(value)),
+    "load_ignore_keys": RecipeForm(list[str] | None, "glob paths into the checkpoint's state dict ('state/model/*', "
+                                   "'rng'); a function fn(state_dict) exists only in Python", lambda value: value,
+                                   lambda value, given: None if value is None or callable(value) else list(value)),
     "parallelism": RecipeForm(str | dict[str, Any], "a strategy name, or a mapping of ParallelismConfig fields "
                               "(fsdp, tensor, min_fsdp_size, rules: 'package.module:RULES')", _build_parallelism,
                               _write_parallelism, _check_parallelism),

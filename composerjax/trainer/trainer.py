@@ -29,8 +29,7 @@ from composerjax.parallel.mesh import build_mesh
 from composerjax.parallel.strategy import ParallelismConfig, config_for, resolve_devices, resolve_parallelism
 from composerjax.step.precision import compute_dtype
 from composerjax.step.runner import StepRunner, default_memory_budget
-from composerjax.trainer.checkpoint import Checkpointer
-from composerjax.trainer.checkpoint_saver import CheckpointSaver, checkpoint_location, refuse_old_checkpoints
+from composerjax.trainer.checkpoint_saver import CheckpointSaver, load_at_start, refuse_old_checkpoints, save_now
 from composerjax.trainer.fit_arguments import apply_fit_arguments, apply_schedulers, log_run_summary, set_evaluators
 from composerjax.trainer.fit_loop import FitLoop, PendingLogs, grouping_blocked_by
 from composerjax.trainer.interrupt import StopDecision, TrainingInterrupted
@@ -124,12 +123,20 @@ class Trainer:
             checkpoint cannot resume a run).
         save_overwrite: let this run replace checkpoints another run left in ``save_folder``
             (else such a folder is refused, unless ``autoresume``); a live run's folder is always refused.
+        save_filename: each checkpoint's folder name, a template as Composer's (``'ep{epoch}-ba{batch}'``
+            gives ``ep1-ba8``; also ``{sample}``, ``{token}``, ``{run_name}``, ``{rank}``, ...).
+        save_latest_filename: a symlink in ``save_folder`` to the newest verified checkpoint; None for none.
         load_path: load at start: a ``save_folder`` (its newest checkpoint) or one checkpoint's
-            folder inside it (``'runs/x/checkpoints/1200'``). Checked against the run first: a
+            folder inside it (``'runs/x/checkpoints/ep3-ba1200'``). Checked against the run first: a
             checkpoint that does not fit the model, optimizer or algorithms raises
             :class:`~composerjax.trainer.checkpoint.CheckpointMismatchError` listing every difference.
         load_weights_only: from ``load_path`` take only the model's variables; time, optimizer
             and algorithm state start fresh.
+        load_strict_model_weights: model names and shapes must match the checkpoint's exactly; False
+            loads the weights both have and warns about the rest.
+        load_ignore_keys: Composer state-dict paths not loaded (globs: ``['state/optimizers/*', 'rng']``),
+            or ``fn(state_dict)`` that edits it first (docs/checkpointing.md has the paths).
+        load_exclude_algorithms: algorithm class names whose saved state is neither loaded nor compared.
         autoresume: continue from the newest complete checkpoint in ``save_folder`` that reads
             back intact (then ``load_path`` is ignored); corrupt ones are skipped, each named on stderr.
         time_limit: a wall-clock budget (``'2h30m'``): then ``fit`` finishes the step, saves (with
@@ -160,7 +167,7 @@ class Trainer:
         ...                   optimizers=optax.sgd(0.1), progress_bar=False, run_summary=False)
         >>> trainer.fit()
         >>> trainer.state.timestamp.batch
-        8
+        Time(8, TimeUnit.BATCH)
     """
 
     def __init__(
@@ -198,8 +205,13 @@ class Trainer:
         save_num_checkpoints_to_keep: int = -1,
         save_weights_only: bool = False,
         save_overwrite: bool = False,
+        save_filename: str = "ep{epoch}-ba{batch}",
+        save_latest_filename: str | None = "latest",
         load_path: str | None = None,
         load_weights_only: bool = False,
+        load_strict_model_weights: bool = True,
+        load_ignore_keys: list[str] | Callable[[dict], None] | None = None,
+        load_exclude_algorithms: list[str] | None = None,
         autoresume: bool = False,
         time_limit: Time | str | None = None,
         skip_nonfinite_updates: bool = False,
@@ -252,8 +264,7 @@ class Trainer:
         self.config: Any = None  # the TrainerConfig, when built from one
         self.hparams: dict[str, Any] = {}
         self._summarized = False
-        self._install_builtins(save_folder, save_interval, save_num_checkpoints_to_keep, save_weights_only,
-                               save_overwrite)
+        self._install_builtins(save_folder)
         set_evaluators(self, eval_dataloader, eval_interval, eval_subset_num_batches)
         if self.checkpointer is not None and save_folder is not None and not autoresume and not save_overwrite:
             refuse_old_checkpoints(self.checkpointer)
@@ -271,30 +282,21 @@ class Trainer:
             self.hparams = hyperparameters(self)
             # Loading comes after INIT: surgery has already reshaped the model the weights must fit.
             self.engine.run_event(Event.BEFORE_LOAD)
-            if autoresume and self.checkpointer.latest() is not None:
-                self.resumed_from = self.checkpointer.restore_newest_valid(state, "save_folder", report=_print_error)
-            elif load_path is not None:
-                folder, step = checkpoint_location(os.fspath(load_path))
-                loader = Checkpointer(folder)
-                try:
-                    self.resumed_from = loader.restore(state, step, weights_only=load_weights_only, field="load_path")
-                finally:
-                    loader.close()
+            self.resumed_from = load_at_start(self, report=_print_error)
             self.engine.run_event(Event.AFTER_LOAD)
         except BaseException:
             if self.checkpointer is not None:
                 self.checkpointer.close()
             raise
 
-    def _install_builtins(self, save_folder: Any, save_interval: Any, keep: int, weights_only: bool,
-                          overwrite: bool) -> None:
+    def _install_builtins(self, save_folder: Any) -> None:
         """Append the built-in callbacks the arguments ask for (unless the user passed their own), then attach."""
         callbacks = self.state.callbacks
         given = {type(c) for c in callbacks}
         if save_folder is not None:
             if CheckpointSaver in given:
                 raise ValueError(f"save_folder={os.fspath(save_folder)!r} and a CheckpointSaver in callbacks: give one")
-            callbacks.append(CheckpointSaver(save_folder, save_interval, keep, weights_only, overwrite))
+            callbacks.append(CheckpointSaver.from_arguments(self.arguments))
         if self.time_limit is not None and TimeLimit not in given:
             callbacks.append(TimeLimit(self.time_limit))
         if self.handle_signals and SignalHandler not in given:
@@ -365,25 +367,12 @@ class Trainer:
         request = self._stop_request
         self._stop_request = StopDecision(signum=signum or request.signum, time_limit=time_limit or request.time_limit)
 
-    def save_checkpoint(self, wait: bool = False) -> int:
-        """Save a checkpoint now into ``save_folder`` (async unless ``wait``); return its batch index.
+    def save_checkpoint(self, name: str = "ep{epoch}-ba{batch}", *, weights_only: bool = False) -> str:
+        """Save into ``save_folder`` as ``name`` (a template) and return its folder, on disk and verified.
 
-        With ``wait``, the checkpoint is on disk and verified when this returns.
-
-        Raises:
-            CheckpointSaveError: the save was refused or failed (with ``wait``, or for the previous
-                async save); a save that did not happen is never returned as done.
-
-        Example::
-
-            trainer.fit('100ba'); trainer.save_checkpoint(wait=True)
+        Example: ``trainer.save_checkpoint("final")``; an existing name needs ``save_overwrite=True``.
         """
-        if self.checkpointer is None:
-            raise ValueError("save_checkpoint(): Trainer(save_folder=None); pass a save_folder to save")
-        step = self.checkpointer.save(self.state, self.hparams)
-        if wait:
-            self.checkpointer.wait()
-        return step
+        return save_now(self, name, weights_only=weights_only)
 
     # -- fit -------------------------------------------------------------------------------------
     def fit(self, duration: Time | str | int | None = None, *, train_dataloader: Iterable[Any] | None = None,
