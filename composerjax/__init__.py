@@ -19,6 +19,7 @@ from composerjax.core import (
     AlgorithmPass,
     Callback,
     Engine,
+    Evaluator,
     Event,
     Plan,
     State,
@@ -26,6 +27,7 @@ from composerjax.core import (
     Timestamp,
     TimeUnit,
     Trace,
+    ensure_time,
 )
 from composerjax.data import ArrayLoader
 from composerjax.loggers import Logger, LoggerDestination
@@ -46,6 +48,7 @@ __all__ = [
     "ComposerClassifier",
     "ComposerModel",
     "Engine",
+    "Evaluator",
     "Event",
     "Logger",
     "LoggerDestination",
@@ -60,6 +63,7 @@ __all__ = [
     "TrainerConfig",
     "TrainingInterrupted",
     "dist",
+    "ensure_time",
     "load_config",
 ]
 

@@ -3,6 +3,7 @@
 from composerjax.core.algorithm import Algorithm
 from composerjax.core.callback import Callback
 from composerjax.core.engine import Engine, Plan
+from composerjax.core.evaluator import Evaluator, ensure_evaluators
 from composerjax.core.event import Event
 from composerjax.core.passes import (
     DEFAULT_PASSES,
@@ -22,6 +23,7 @@ __all__ = [
     "Callback",
     "DEFAULT_PASSES",
     "Engine",
+    "Evaluator",
     "Event",
     "Plan",
     "State",
@@ -30,6 +32,7 @@ __all__ = [
     "TimeUnit",
     "Timestamp",
     "Trace",
+    "ensure_evaluators",
     "ensure_time",
     "set_filo_order",
     "sort_run_first_and_last",

@@ -276,6 +276,9 @@ def check_times(values: dict[str, Any]) -> list[str]:
                 time = _to_time(value, field)
                 if field == "max_duration":
                     as_max_duration(time)
+                    if time.unit is TimeUnit.ITERATION:
+                        raise ValueError(f"max_duration={value!r}: 'iter' needs state.iteration_length, which a recipe "
+                                         "cannot set; use ep, ba, sp, tok or sec")
             except ValueError as error:
                 message = str(error)  # 'field: ...' or 'field=value: ...'
                 if not message.startswith(f"{field}:"):
