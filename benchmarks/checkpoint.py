@@ -66,9 +66,16 @@ def loss_fn(model: nnx.Module, batch: Any) -> jax.Array:
 
 
 def saving_in_progress(checkpointer: Any) -> bool | None:
-    """Whether orbax is still writing a started save; None when this orbax cannot say."""
-    is_saving = getattr(getattr(checkpointer, "manager", None), "is_saving_in_progress", None)
-    return is_saving() if callable(is_saving) else None
+    """Whether orbax is still writing a started save; None when this orbax cannot say.
+
+    The checkpointer writes with an ``orbax.checkpoint.AsyncCheckpointer``, whose commit runs on a
+    thread of its async manager: the save is in flight while that thread is alive.
+    """
+    manager = getattr(getattr(checkpointer, "writer", None), "_async_manager", None)
+    if manager is None or not hasattr(manager, "_thread"):
+        return None
+    thread = manager._thread
+    return thread is not None and thread.is_alive()
 
 
 class StepTimer(Callback):

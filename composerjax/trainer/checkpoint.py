@@ -197,7 +197,8 @@ class Checkpointer:
         """Whether a checkpoint is due now, at the checkpoint event of ``event_unit`` ('ep' or 'ba')."""
         if self.interval.unit != event_unit:
             return False
-        counter = int(state.timestamp.epoch if event_unit == TimeUnit.EPOCH else state.timestamp.batch)
+        counts = state.timestamp.counts  # plain numbers: this runs every batch
+        counter = counts.epoch if event_unit == TimeUnit.EPOCH else counts.batch
         return counter > 0 and counter % int(self.interval.value) == 0
 
     def checkpoints(self) -> list[CheckpointInfo]:
