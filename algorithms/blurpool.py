@@ -38,9 +38,12 @@ def blur_filter(channels: int, dtype: jnp.dtype = jnp.float32) -> jax.Array:
 
 
 def blur_2d(x: jax.Array, stride: int | Sequence[int] = 1) -> jax.Array:
-    """Blur each channel of channels-last images ``(..., H, W, C)`` ('SAME' zero padding), then subsample.
+    """Blur each channel of channels-last images ``(..., H, W, C)`` (one zero pixel of padding), then subsample.
 
-    Leading dimensions before ``(H, W, C)`` are treated as batch dimensions.
+    Leading dimensions before ``(H, W, C)`` are treated as batch dimensions. The padding is one
+    pixel on every side, as Composer's: with ``stride=2`` output ``i`` is centred on input ``2 i``,
+    the grid of the strided conv or pool it replaces (``'SAME'`` padding would pad ``(0, 1)`` on
+    even sizes and centre on ``2 i + 1``). The output size is ``ceil(size / stride)`` either way.
 
     Example:
         >>> delta = jnp.zeros((1, 5, 5, 1)).at[0, 2, 2, 0].set(1.0)
@@ -57,7 +60,7 @@ def blur_2d(x: jax.Array, stride: int | Sequence[int] = 1) -> jax.Array:
         images,
         blur_filter(channels, images.dtype),
         window_strides=strides,
-        padding="SAME",
+        padding=((1, 1), (1, 1)),
         dimension_numbers=("NHWC", "HWIO", "NHWC"),
         feature_group_count=channels,
     )

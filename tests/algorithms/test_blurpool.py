@@ -58,10 +58,21 @@ def test_blur_matches_explicit_sums_and_strided_blur_subsamples_it():
     x = images((2, 8, 8, 3))
     dense = reference_blur(x)
     np.testing.assert_allclose(blur_2d(jnp.asarray(x)), dense, rtol=1e-5, atol=1e-6)
-    # 'SAME' with stride 2 on an even size pads (0, 1): windows are centred on odd pixels.
-    np.testing.assert_allclose(blur_2d(jnp.asarray(x), 2), dense[:, 1::2, 1::2], rtol=1e-5, atol=1e-6)
+    # Stride 2 keeps Composer's grid (one pixel of padding on each side): windows centred on even pixels.
+    np.testing.assert_allclose(blur_2d(jnp.asarray(x), 2), dense[:, ::2, ::2], rtol=1e-5, atol=1e-6)
     # extra leading batch dimensions are kept
     assert blur_2d(jnp.asarray(x).reshape(1, 2, 8, 8, 3)).shape == (1, 2, 8, 8, 3)
+
+
+def test_stride_2_blur_of_a_4x4_map_samples_composers_grid():
+    x = jnp.arange(16.0).reshape(1, 4, 4, 1)
+    # By hand: output (i, j) is the [1, 2, 1] x [1, 2, 1] / 16 window centred on input (2i, 2j),
+    # zeros outside. Output (0, 0) = (4*0 + 2*1 + 2*4 + 1*5) / 16; (1, 1) centres on (2, 2).
+    out = np.asarray(blur_2d(x, 2))[0, :, :, 0]
+    assert out[0, 0] == (4 * 0 + 2 * 1 + 2 * 4 + 1 * 5) / 16
+    expected_11 = (1 * 5 + 2 * 6 + 1 * 7 + 2 * 9 + 4 * 10 + 2 * 11 + 1 * 13 + 2 * 14 + 1 * 15) / 16
+    assert out[1, 1] == expected_11
+    assert out.shape == (2, 2)
 
 
 @pytest.mark.parametrize("use_bias", [False, True])
@@ -86,7 +97,8 @@ def test_blur_after_conv_runs_the_conv_densely_and_blurs_with_its_stride():
     dense = np.asarray(lax_conv(jnp.asarray(x), kernel, 1) + conv.bias[...])
     out = blurred(jnp.asarray(x))
     assert out.shape == original_shape
-    np.testing.assert_allclose(out, reference_blur(dense)[:, 1::2, 1::2], rtol=1e-5, atol=1e-5)
+    # Composer's grid: the blur's stride-2 windows are centred on even pixels, as the strided conv's are.
+    np.testing.assert_allclose(out, reference_blur(dense)[:, ::2, ::2], rtol=1e-5, atol=1e-5)
 
 
 def test_blur_max_pool_is_a_dense_max_pool_then_a_strided_blur():
@@ -94,7 +106,7 @@ def test_blur_max_pool_is_a_dense_max_pool_then_a_strided_blur():
     dense = np.asarray(nnx.max_pool(jnp.asarray(x), (2, 2), (1, 1), "VALID"))  # 7x7
     out = BlurMaxPool((2, 2))(jnp.asarray(x))
     assert out.shape == MaxPool((2, 2))(jnp.asarray(x)).shape == (2, 4, 4, 2)
-    # 'SAME' with stride 2 on size 7 pads (1, 1): windows are centred on even pixels.
+    # One pixel of padding on each side: stride-2 windows are centred on even pixels.
     np.testing.assert_allclose(out, reference_blur(dense)[:, ::2, ::2], rtol=1e-5, atol=1e-6)
 
 
