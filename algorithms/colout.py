@@ -19,13 +19,16 @@ __all__ = ["ColOut", "colout_batch", "colout_indices", "kept_size"]
 
 
 def kept_size(size: int, p_drop: float) -> int:
-    """How many of ``size`` rows (or columns) are kept: ``round((1 - p_drop) * size)``, at least 1.
+    """How many of ``size`` rows (or columns) are kept: ``int((1 - p_drop) * size)``, at least 1.
+
+    Composer's count: the kept fraction truncated (``int``), not rounded. The floor of 1 keeps an
+    image from vanishing where Composer would return an empty one.
 
     Example:
         >>> kept_size(8, 0.15), kept_size(32, 0.15), kept_size(4, 0.9)
-        (7, 27, 1)
+        (6, 27, 1)
     """
-    return max(1, round((1.0 - p_drop) * size))
+    return max(1, int((1.0 - p_drop) * size))
 
 
 @functools.partial(jax.jit, static_argnames=("height", "width", "p_row", "p_col"))

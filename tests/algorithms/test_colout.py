@@ -60,8 +60,8 @@ class InputShapeProbe(Algorithm):
         self.shapes.append(tuple(state.batch_get_item(0).shape))
 
 
-def test_kept_size_rounds_the_kept_fraction():
-    assert kept_size(8, 0.15) == 7
+def test_kept_size_truncates_the_kept_fraction_as_composer():
+    assert kept_size(8, 0.15) == 6  # int(6.8), as Composer's int((1 - p) * size); rounding would keep 7
     assert kept_size(32, 0.15) == 27
     assert kept_size(10, 0.0) == 10
     assert kept_size(3, 0.9) == 1
@@ -122,7 +122,7 @@ def test_training_equals_plain_jax_colout_with_one_compile():
     )
     trainer.fit()
     assert trainer.compile_count == 1
-    assert shapes.shapes == [(BATCH, 6, 7, 2)]  # traced once, with the shrunk images
+    assert shapes.shapes == [(BATCH, 6, 6, 2)]  # traced once, with the shrunk images
     keys = [trace.key for trace in trainer.engine.trace_log if trace.traced]
     assert keys.count("ColOut/BEFORE_FORWARD") == STEPS
 
