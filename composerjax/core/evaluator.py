@@ -16,6 +16,7 @@ import numpy as np
 
 from composerjax.core.event import Event
 from composerjax.core.time import Time, TimeUnit
+from composerjax.core.timestamp import UNIT_FIELDS
 
 __all__ = ["Evaluator", "ensure_evaluators", "evaluate_periodically"]
 
@@ -180,7 +181,7 @@ def evaluate_periodically(eval_interval: int | str | Time, field: str = "eval_in
         if unit is TimeUnit.DURATION:
             due = _duration_due(state, every, previous, now)
         else:
-            before, after = getattr(previous.counts, _COUNTS[unit]), getattr(now.counts, _COUNTS[unit])
+            before, after = getattr(previous.counts, UNIT_FIELDS[unit]), getattr(now.counts, UNIT_FIELDS[unit])
             due = math.floor(before / every) != math.floor(after / every)
         if due:
             last_batch_seen = batch
@@ -191,8 +192,6 @@ def evaluate_periodically(eval_interval: int | str | Time, field: str = "eval_in
     return rule
 
 
-_COUNTS = {TimeUnit.EPOCH: "epoch", TimeUnit.ITERATION: "iteration", TimeUnit.BATCH: "batch",
-           TimeUnit.SAMPLE: "sample", TimeUnit.TOKEN: "token", TimeUnit.SECOND: "total_wct"}
 _RULE_NAMES = {Event.EPOCH_END: "epoch_interval", Event.ITERATION_END: "iteration_interval",
                Event.BATCH_END: "batch_interval"}
 

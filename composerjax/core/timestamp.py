@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 
 from composerjax.core.time import Time, TimeUnit, _is_number, _new_object, _normalize_value, _time
 
-__all__ = ["Timestamp", "TimestampCounts"]
+__all__ = ["UNIT_FIELDS", "Timestamp", "TimestampCounts"]
 
 
 class TimestampCounts(NamedTuple):
@@ -66,7 +66,8 @@ _COUNTER_UNITS = {
 }
 _WALL_CLOCK_FIELDS = ("total_wct", "iteration_wct", "epoch_wct", "batch_wct")
 
-_UNIT_TO_FIELD = {
+#: The ``TimestampCounts`` field that counts each unit (``dur`` is a fraction, not a count).
+UNIT_FIELDS = {
     TimeUnit.EPOCH: "epoch",
     TimeUnit.ITERATION: "iteration",
     TimeUnit.BATCH: "batch",
@@ -258,7 +259,7 @@ class Timestamp:
                 "a Timestamp cannot report 'dur' on its own: duration is a fraction of max_duration; "
                 "use get_progress(max_duration) instead"
             )
-        return _time(getattr(self.counts, _UNIT_TO_FIELD[unit]), unit)
+        return _time(getattr(self.counts, UNIT_FIELDS[unit]), unit)
 
     # -- advancing ------------------------------------------------------------------------------------
 
@@ -433,7 +434,7 @@ class Timestamp:
             )
         if max_duration.value == 0:
             raise ValueError(f"max_duration must be positive to measure progress, got {max_duration}")
-        return getattr(self.counts, _UNIT_TO_FIELD[max_duration.unit]) / max_duration.value
+        return getattr(self.counts, UNIT_FIELDS[max_duration.unit]) / max_duration.value
 
     def _counter(self, other: object) -> tuple[Time, Time] | None:
         """``(this clock's counter in other's unit, other as a Time)``, or None if other is no time."""

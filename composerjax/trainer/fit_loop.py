@@ -12,6 +12,7 @@ from composerjax.core.callback import overridden_events
 from composerjax.core.event import Event
 from composerjax.core.lifecycle import BATCH, BATCH_HOST_EVENTS, FETCH, STEP
 from composerjax.core.time import TimeUnit
+from composerjax.core.timestamp import UNIT_FIELDS
 from composerjax.parallel.heartbeat import heartbeat
 from composerjax.step.runner import batch_size_of
 from composerjax.trainer.interrupt import StopDecision
@@ -20,14 +21,7 @@ from composerjax.trainer.validation import check_run_length
 __all__ = ["FitLoop", "PendingLogs", "COUNTER", "grouping_blocked_by"]
 
 # Which Timestamp counter a max_duration unit is measured on.
-COUNTER = {
-    TimeUnit.EPOCH: "epoch",
-    TimeUnit.ITERATION: "iteration",
-    TimeUnit.BATCH: "batch",
-    TimeUnit.SAMPLE: "sample",
-    TimeUnit.TOKEN: "token",
-    TimeUnit.SECOND: "total_wct",
-}
+COUNTER = UNIT_FIELDS
 
 
 class PendingLogs:
