@@ -14,7 +14,8 @@ from composerjax import Callback, Logger, LoggerDestination, State, Time, TimeUn
 
 __all__ = ["COMPARISONS", "EarlyStopper", "LoggedValues", "MetricReader", "resolve_comparison"]
 
-#: Accepted ``comparison`` names: ``comparison(value, reference)`` is True when ``value`` is better.
+#: Accepted ``comp`` names: ``comp(value, reference)`` is True when ``value`` is better. Composer takes
+#: 'greater'/'gt' and 'less'/'lt'; the others are this project's additions.
 COMPARISONS: dict[str, Callable[[float, float], bool]] = {
     "greater": operator.gt, "gt": operator.gt, ">": operator.gt,
     "less": operator.lt, "lt": operator.lt, "<": operator.lt,
@@ -26,22 +27,22 @@ COMPARISONS: dict[str, Callable[[float, float], bool]] = {
 _LOWER_IS_BETTER = ("loss", "error", "perplexity", "cross_entropy", "crossentropy")
 
 
-def resolve_comparison(comparison: str | Callable[[float, float], bool] | None, monitor: str,
+def resolve_comparison(comp: str | Callable[[float, float], bool] | None, monitor: str,
                        owner: str = "comparison") -> Callable[[float, float], bool]:
-    """The comparison function for ``comparison``; ``None`` picks 'less' for loss-like metrics, else 'greater'.
+    """The comparison function for a stopper's ``comp``; ``None`` picks 'less' for loss-like metrics, else 'greater'.
 
     Example:
         >>> resolve_comparison(None, 'CrossEntropy')(0.5, 0.7), resolve_comparison(None, 'MulticlassAccuracy')(0.5, 0.7)
         (True, False)
     """
-    if comparison is None:
+    if comp is None:
         lower = any(word in monitor.lower() for word in _LOWER_IS_BETTER)
         return operator.lt if lower else operator.gt
-    if callable(comparison):
-        return comparison
-    if isinstance(comparison, str) and comparison.lower() in COMPARISONS:
-        return COMPARISONS[comparison.lower()]
-    raise ValueError(f"{owner}(comparison={comparison!r}): expected None (auto: 'less' for loss-like metrics, "
+    if callable(comp):
+        return comp
+    if isinstance(comp, str) and comp.lower() in COMPARISONS:
+        return COMPARISONS[comp.lower()]
+    raise ValueError(f"{owner}(comp={comp!r}): expected None (auto: 'less' for loss-like metrics, "
                      f"'greater' otherwise), a callable, or one of {sorted(COMPARISONS)}")
 
 
@@ -146,20 +147,22 @@ def _patience(patience: int | str | Time) -> Time:
 class EarlyStopper(Callback):
     """Stop training once ``monitor`` has gone more than ``patience`` without improving.
 
-    At every evaluation (``EVAL_END``; at ``EPOCH_END`` for ``dataloader_label='train'``, on the
-    mean of the values logged during the epoch) the value is compared with the best so far; it
-    improves when ``comparison(value, best)`` holds and it differs from the best by more than
-    ``min_delta``. When the time since the best (in the unit of ``patience``) exceeds ``patience``,
-    ``state.stop_training()`` ends training after the current batch or epoch.
+    At every evaluation of the ``dataloader_label`` evaluator (``EVAL_END``; for ``dataloader_label='train'`` at
+    ``EPOCH_END`` on the mean of the values logged during the epoch, or at every ``BATCH_END`` on each newly
+    fetched value when ``patience`` is in batches) the value is compared with the best so far; it improves when
+    ``comp(value, best)`` holds and it differs from the best by more than ``min_delta``. When the time since the
+    best (in the unit of ``patience``) exceeds ``patience``, ``state.stop_training()`` ends training after the
+    current batch or epoch.
 
     Args:
         monitor: the metric's name, e.g. ``'MulticlassAccuracy'``, ``'CrossEntropy'``, or for train values
             ``'loss'`` or a step metric's name.
         dataloader_label: ``'eval'`` for the trainer's eval metrics (``state.metrics['eval']``),
             ``'train'`` for logged train values, or another key of ``state.metrics``.
-        comparison: ``'greater'``/``'less'`` (``'gt'``, ``'>'``, ``'ge'``, ...) or a function
-            ``f(value, best) -> bool``; by default 'less' for names with loss, error, perplexity or
-            cross_entropy in them, else 'greater'.
+        comp: ``'greater'``/``'less'`` (``'gt'``, ``'lt'``, and here also ``'>'``, ``'ge'``, ...) or a
+            function ``f(value, best) -> bool``; by default 'less' for names with loss, error, perplexity
+            (as Composer) or cross_entropy/crossentropy (an addition: Composer's default would maximise
+            ``CrossEntropy``) in them, else 'greater'.
         min_delta: the smallest change that counts as an improvement.
         patience: how long the metric may fail to improve: an int (epochs) or a time in 'ep' or
             'ba' (``'500ba'``).
@@ -174,12 +177,12 @@ class EarlyStopper(Callback):
         self,
         monitor: str = "MulticlassAccuracy",
         dataloader_label: str = "eval",
-        comparison: str | Callable[[float, float], bool] | None = None,
+        comp: str | Callable[[float, float], bool] | None = None,
         min_delta: float = 0.0,
         patience: int | str | Time = 1,
     ) -> None:
         self.reader = MetricReader(monitor, dataloader_label, "EarlyStopper")
-        self.comparison = resolve_comparison(comparison, monitor, "EarlyStopper")
+        self.comp = resolve_comparison(comp, monitor, "EarlyStopper")
         if isinstance(min_delta, bool) or not isinstance(min_delta, (int, float)) or min_delta < 0:
             raise ValueError(f"EarlyStopper(min_delta={min_delta!r}): expected a non-negative number")
         self.min_delta = float(min_delta)
@@ -192,11 +195,17 @@ class EarlyStopper(Callback):
         self.reader.attach(logger)
 
     def eval_end(self, state: State, logger: Logger) -> None:
-        if not self.reader.is_train:
+        if not self.reader.is_train and state.dataloader_label == self.reader.dataloader_label:
             self._update(state, self.reader.eval_value(state))
 
+    def batch_end(self, state: State, logger: Logger) -> None:
+        # Composer checks train metrics at every batch end when the patience is in batches.
+        if self.reader.is_train and self.patience.unit == TimeUnit.BATCH:
+            for value in self.reader.train_values():
+                self._update(state, value)
+
     def epoch_end(self, state: State, logger: Logger) -> None:
-        if self.reader.is_train:
+        if self.reader.is_train and self.patience.unit == TimeUnit.EPOCH:
             values = self.reader.train_values()
             if values:
                 self._update(state, sum(values) / len(values))
@@ -204,7 +213,7 @@ class EarlyStopper(Callback):
     def _update(self, state: State, value: float) -> None:
         timestamp = state.timestamp
         best = self.best
-        if best is None or (self.comparison(value, best) and abs(value - best) > self.min_delta):
+        if best is None or (self.comp(value, best) and abs(value - best) > self.min_delta):
             self.best, self.best_epoch, self.best_batch = value, timestamp.epoch.value, timestamp.batch.value
             return
         if self.patience.unit == TimeUnit.EPOCH:

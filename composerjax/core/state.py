@@ -96,6 +96,9 @@ class State:
         self._iteration_length: Time | None = None
         #: The evaluators of ``Trainer(eval_dataloader=...)`` (Composer's ``state.evaluators``).
         self.evaluators: list[Any] = []
+        #: Which loader the current batches come from, as Composer's: ``'train'``, or the evaluator's
+        #: label (``'eval'`` by default) between ``EVAL_START`` and ``EVAL_END``.
+        self.dataloader_label = "train"
         self.batch: Any = None
         self.outputs: Any = None
         self.loss: Any = None

@@ -337,17 +337,21 @@ class StepRunner:
         state, run_event = self.state, self.engine.run_event
         if state.model_changed:
             self.take_model()
-        for event in EVAL_OPEN:
-            run_event(event)
-        names = None if metric_names is None else tuple(metric_names)
-        states = self.run_pass("eval", loader, run_event, names, subset_num_batches)
-        if states is None:
-            raise ValueError(f"eval(): the {label!r} dataloader yielded no batches")
-        results = compute_values(states, self.builder.replicated)
-        state.metrics[label] = results
-        self.logger.log_metrics({f"metrics/{label}/{name}": value for name, value in results.items()})
-        for event in EVAL_CLOSE:
-            run_event(event)
+        outer_label, state.dataloader_label = state.dataloader_label, label
+        try:
+            for event in EVAL_OPEN:
+                run_event(event)
+            names = None if metric_names is None else tuple(metric_names)
+            states = self.run_pass("eval", loader, run_event, names, subset_num_batches)
+            if states is None:
+                raise ValueError(f"eval(): the {label!r} dataloader yielded no batches")
+            results = compute_values(states, self.builder.replicated)
+            state.metrics[label] = results
+            self.logger.log_metrics({f"metrics/{label}/{name}": value for name, value in results.items()})
+            for event in EVAL_CLOSE:
+                run_event(event)
+        finally:
+            state.dataloader_label = outer_label
         return results
 
     def predict(self, loader: Iterable[Any], subset_num_batches: int = -1, return_outputs: bool = True) -> list[Any]:

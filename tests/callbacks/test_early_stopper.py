@@ -72,6 +72,43 @@ def test_monitors_train_loss_from_logged_values(classification_arrays):
     assert trainer.compile_count == 1
 
 
+def test_train_loss_with_patience_in_batches_is_checked_at_batch_end(classification_arrays):
+    # As Composer: with patience in batches a train metric is checked at every batch end. The loss
+    # is the step number, so the best stays batch 1's; each value reaches the host when the trainer
+    # fetches it (log_interval=1: one batch behind), and 3 > 2 batches after the best, it stops.
+    def rising_loss(model, batch, rng, step):
+        return jnp.asarray(step, jnp.float32) + 0.0 * jnp.sum(model(batch[0]))
+
+    x, y = classification_arrays
+    stopper = EarlyStopper("loss", "train", comp="lt", patience="2ba")
+    trainer = Trainer(nnx.Linear(4, 2, rngs=nnx.Rngs(0)), ArrayLoader((x, y), batch_size=16), max_duration="10ep",
+                      optimizers=optax.sgd(0.1), loss_fn=rising_loss, callbacks=[stopper], progress_bar=False,
+                      run_summary=False, log_interval=1)
+    trainer.fit()
+    assert stopper.best == 0.0
+    assert trainer.state.timestamp.batch == stopper.best_batch + 3
+
+
+def test_only_the_monitored_evaluator_counts(classification_arrays, make_tiny_classifier):
+    # Two evaluators each epoch; the stopper watches 'b' only. 'a' is scripted to look worse every
+    # time, which would stop training after epoch 2 if its evaluations were read as 'b's.
+    class Script(Callback):
+        def eval_end(self, state, logger):
+            label = state.dataloader_label
+            value = {"a": 1.0 - 0.1 * int(state.timestamp.epoch), "b": 0.5 + 0.1 * int(state.timestamp.epoch)}[label]
+            state.metrics[label] = {**state.metrics[label], "MulticlassAccuracy": value}
+
+    x, y = classification_arrays
+    loader = ArrayLoader((x, y), batch_size=32, shuffle=False)
+    stopper = EarlyStopper("MulticlassAccuracy", "b", patience=1)
+    trainer = Trainer(make_tiny_classifier(), ArrayLoader((x, y), batch_size=16), max_duration="4ep",
+                      optimizers=optax.sgd(0.1), eval_dataloader={"a": loader, "b": loader},
+                      callbacks=[Script(), stopper], progress_bar=False, run_summary=False)
+    trainer.fit()
+    assert trainer.state.timestamp.epoch == 4
+    assert (stopper.best, stopper.best_epoch) == (pytest.approx(0.9), 4)
+
+
 def test_missing_metric_names_what_there_is(classification_arrays, make_tiny_classifier):
     x, y = classification_arrays
     trainer = Trainer(make_tiny_classifier(), ArrayLoader((x, y), batch_size=16), max_duration="1ep",
@@ -92,7 +129,7 @@ def test_state_dict_round_trip_and_comparisons():
 
 @pytest.mark.parametrize("kwargs, message", [
     ({"monitor": ""}, "monitor=''"),
-    ({"comparison": "bigger"}, "comparison='bigger'"),
+    ({"comp": "bigger"}, "comp='bigger'"),
     ({"min_delta": -0.1}, "min_delta=-0.1"),
     ({"patience": "10sp"}, "patience='10sp'"),
     ({"patience": -1}, "patience=-1"),

@@ -10,7 +10,7 @@ from composerjax.callbacks import runtime_estimator
 from composerjax.callbacks.runtime_estimator import RuntimeEstimator
 from composerjax.loggers import InMemoryLogger
 
-KEY = "wall_clock/remaining_estimate"
+KEY = "time/remaining_estimate"
 
 
 class FakeClock:
@@ -52,7 +52,7 @@ def fit(clock, arrays, make_model, estimator, **kwargs) -> dict[int, float]:
 
 
 def test_estimate_leaves_out_the_compiling_batch(clock, classification_arrays, make_tiny_classifier):
-    logged = fit(clock, classification_arrays, make_tiny_classifier, RuntimeEstimator())
+    logged = fit(clock, classification_arrays, make_tiny_classifier, RuntimeEstimator(time_unit="seconds"))
     # From batch 2 on, 0.5 s per batch: 8 - n batches are left after batch n.
     assert logged == {n: 0.5 * (8 - n) for n in range(2, 9)}
 
@@ -64,13 +64,28 @@ def test_skip_more_batches_and_minutes(clock, classification_arrays, make_tiny_c
     assert [logged[n] for n in sorted(logged)] == pytest.approx([0.5 * (8 - n) / 60 for n in range(4, 9)], rel=1e-12)
 
 
-def test_evaluation_time_counts_toward_the_rate(clock, classification_arrays, make_tiny_classifier):
+def test_evaluation_time_is_estimated_separately_as_composer(clock, classification_arrays, make_tiny_classifier):
     x, y = classification_arrays
-    logged = fit(clock, classification_arrays, make_tiny_classifier, RuntimeEstimator(),
+    logged = fit(clock, classification_arrays, make_tiny_classifier, RuntimeEstimator(time_unit="seconds"),
                  eval_dataloader=ArrayLoader((x, y), batch_size=32))
     assert logged[4] == 2.0
-    # Batches 2-5 (2 s) and the eval after epoch 1 (1 s) took half the run; 3/8 of it is left.
-    assert logged[5] == (2.0 + 1.0) / 0.5 * 0.375
+    # Composer's formula after the eval at the end of epoch 1 (progress 4/8, 1 s): training took
+    # 3 s - 1 s of eval for 4/8 of the run, so 2 / (4/8) * 3/8 = 1.5 s of training is left; the eval
+    # came every 3/8 of progress since the measured start (1/8), so (1 - 1/8) / (3/8) = 7/3 evals
+    # are expected in all, 4/3 more, at 1 s each.
+    assert logged[5] == pytest.approx(1.5 + 4 / 3, rel=1e-12)
+    assert logged[8] == pytest.approx(0.0 + (7 / 3 - 1) * 1.0, rel=1e-12)
+
+
+def test_default_unit_is_hours_and_logged_at_init(clock, classification_arrays, make_tiny_classifier):
+    x, y = classification_arrays
+    memory = InMemoryLogger()
+    trainer = Trainer(make_tiny_classifier(), ArrayLoader((x, y), batch_size=16), max_duration="2ep",
+                      optimizers=optax.sgd(0.1), callbacks=[AdvanceClock(clock), RuntimeEstimator()],
+                      loggers=[memory], progress_bar=False, run_summary=False)
+    assert memory.hyperparameters["time/remaining_estimate_unit"] == "hours"
+    trainer.fit()
+    assert dict(memory.data[KEY])[2] == pytest.approx(0.5 * 6 / 3600, rel=1e-12)
 
 
 @pytest.mark.parametrize("kwargs, message", [

@@ -71,7 +71,7 @@ def test_train_loss_on_batch_checks_the_values_fetched_at_epoch_end(classificati
 
 @pytest.mark.parametrize("kwargs, message", [
     ({"monitor": "accuracy"}, "threshold=None"),
-    ({"monitor": "accuracy", "threshold": 0.5, "comparison": "bigger"}, "comparison='bigger'"),
+    ({"monitor": "accuracy", "threshold": 0.5, "comp": "bigger"}, "comp='bigger'"),
     ({"monitor": "accuracy", "threshold": 0.5, "stop_on_batch": 1}, "stop_on_batch=1"),
     ({"monitor": "", "threshold": 0.5}, "monitor=''"),
 ])
