@@ -18,6 +18,7 @@ from typing import Any
 import jax
 
 from composerjax import Callback, Logger, State
+from composerjax.callbacks.runtime_estimator import TIME_UNITS
 
 __all__ = ["PEAK_FLOPS", "SpeedMonitor", "peak_flops_per_device"]
 
@@ -75,12 +76,12 @@ class SpeedMonitor(Callback):
     ``throughput/flops_per_sec``      FLOPs of the compiled train step (XLA's cost analysis,
                                       ``state.compiled_steps``) times batches per second
     ``throughput/device/*``           the rates above divided by the number of devices
-    ``throughput/mfu``                ``flops_per_sec / (peak FLOP/s per device * devices)``; logged
+    ``throughput/device/mfu``         ``flops_per_sec / (peak FLOP/s per device * devices)``; logged
                                       when the peak is known
     ================================  =============================================================
 
-    Every ``BATCH_END`` also logs ``wall_clock/train`` (host seconds spent in ``fit`` outside
-    evaluation), ``wall_clock/val`` (seconds in evaluation) and ``wall_clock/total``.
+    Every ``BATCH_END`` also logs ``time/train`` (host time spent in ``fit`` outside evaluation),
+    ``time/val`` (time in evaluation) and ``time/total``, in ``time_unit`` (Composer's names and units).
 
     The FLOPs of a batch are those of the most recently compiled train step variant; a run that
     switches between variants without recompiling (two plans both already compiled) is counted at
@@ -92,6 +93,8 @@ class SpeedMonitor(Callback):
         gpu_flops_available: the peak FLOP/s of one device, for MFU. By default it is looked up in
             :data:`PEAK_FLOPS` from ``jax.devices()[0].device_kind`` and the trainer's precision;
             on CPUs and unknown devices MFU is not logged.
+        time_unit: the unit of the ``time/*`` values: 'seconds', 'minutes', 'hours' (Composer's
+            default) or 'days'.
 
     Example::
 
@@ -103,7 +106,8 @@ class SpeedMonitor(Callback):
     #: window's wall time is the group's, so rates over a window of at least one group are exact.
     accepts_grouped_batches = True
 
-    def __init__(self, window_size: int = 100, gpu_flops_available: float | None = None) -> None:
+    def __init__(self, window_size: int = 100, gpu_flops_available: float | None = None,
+                 time_unit: str = "hours") -> None:
         if isinstance(window_size, bool) or not isinstance(window_size, int) or window_size < 1:
             raise ValueError(f"SpeedMonitor(window_size={window_size!r}): expected a positive integer (batches)")
         if gpu_flops_available is not None and (
@@ -113,6 +117,10 @@ class SpeedMonitor(Callback):
         ):
             raise ValueError(f"SpeedMonitor(gpu_flops_available={gpu_flops_available!r}): expected a positive "
                              "number of FLOP/s per device, or None to look it up from the device kind")
+        if time_unit not in TIME_UNITS:
+            raise ValueError(f"SpeedMonitor(time_unit={time_unit!r}): expected one of {list(TIME_UNITS)}")
+        self.time_unit = time_unit
+        self._divider = TIME_UNITS[time_unit]
         self.window_size = window_size
         self.gpu_flops_available = gpu_flops_available
         # (training seconds, batch, sample, token, FLOPs so far, batches of unknown FLOPs so far) at the
@@ -160,9 +168,9 @@ class SpeedMonitor(Callback):
         metrics: dict[str, float] = {}
         if len(history) == history.maxlen:
             metrics.update(self._rates())
-        metrics["wall_clock/train"] = self.train_wct
-        metrics["wall_clock/val"] = self.eval_wct
-        metrics["wall_clock/total"] = self.train_wct + self.eval_wct
+        metrics["time/train"] = self.train_wct / self._divider
+        metrics["time/val"] = self.eval_wct / self._divider
+        metrics["time/total"] = (self.train_wct + self.eval_wct) / self._divider
         logger.log_metrics(metrics)
 
     def eval_start(self, state: State, logger: Logger) -> None:
@@ -210,7 +218,7 @@ class SpeedMonitor(Callback):
             rates["throughput/flops_per_sec"] = flops_per_sec
             rates["throughput/device/flops_per_sec"] = flops_per_sec / devices
             if self._peak:
-                rates["throughput/mfu"] = flops_per_sec / (self._peak * devices)
+                rates["throughput/device/mfu"] = flops_per_sec / (self._peak * devices)
         return rates
 
     def _flops_of_step(self, state: State) -> float | None:

@@ -7,11 +7,13 @@ import time
 from typing import Any
 
 import jax
+import numpy as np
 
 from composerjax import Callback, Logger, State, Time, TimeUnit
 from composerjax.core.time import parse_time
+from composerjax.parallel import dist
 
-__all__ = ["SystemMetricsMonitor", "SystemSampler"]
+__all__ = ["SystemMetricsMonitor", "SystemSampler", "device_memory_metrics"]
 
 # The device allocator statistics worth a chart (XLA's names); others vary by backend.
 _DEVICE_MEMORY_STATS = ("bytes_in_use", "peak_bytes_in_use", "bytes_limit")
@@ -30,8 +32,10 @@ class SystemSampler:
       (psutil, or ``/proc/meminfo``).
     - ``sys/process_rss_bytes``: this process's resident memory.
     - ``sys/load_avg_1m``, ``sys/load_avg_5m``, ``sys/load_avg_15m``: ``os.getloadavg()``.
-    - ``sys/device<i>/bytes_in_use``, ``peak_bytes_in_use``, ``bytes_limit``: for each local device
-      whose backend reports allocator statistics (GPUs and TPUs; not CPU).
+    - ``sys/device<id>/bytes_in_use``, ``peak_bytes_in_use``, ``bytes_limit``: for each device whose
+      backend reports allocator statistics (GPUs and TPUs; not CPU), or with ``log_all_data=False``
+      only the min and max over devices (:func:`device_memory_metrics`). With ``gather``, the devices
+      of every process (a collective every process must make at the same time).
 
     Metrics a platform cannot provide are left out. Reading them needs no device synchronisation.
 
@@ -42,7 +46,9 @@ class SystemSampler:
         True
     """
 
-    def __init__(self) -> None:
+    def __init__(self, log_all_data: bool = True, gather: bool = False) -> None:
+        self.log_all_data = log_all_data
+        self.gather = gather
         try:
             import psutil
         except ImportError:
@@ -61,8 +67,13 @@ class SystemSampler:
         if hasattr(os, "getloadavg"):
             for window, value in zip(("1m", "5m", "15m"), os.getloadavg()):
                 metrics[f"sys/load_avg_{window}"] = float(value)
-        metrics.update(_device_memory())
+        metrics.update(device_memory_metrics(self.device_memory(), self.log_all_data))
         return metrics
+
+    def device_memory(self) -> dict[int, dict[str, float]]:
+        """Allocator statistics by global device id: this process's devices, or every process's when gathering."""
+        per_device = _device_memory()
+        return _all_processes(per_device) if self.gather else per_device
 
     # -- CPU -------------------------------------------------------------------------------------
     def _cpu_times(self) -> tuple[float, float] | None:
@@ -153,17 +164,56 @@ def _process_rss_bytes() -> float | None:
     return float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
-def _device_memory() -> dict[str, float]:
-    metrics: dict[str, float] = {}
-    for index, device in enumerate(jax.local_devices()):
+def _device_memory() -> dict[int, dict[str, float]]:
+    """Allocator statistics of every local device that reports them, by global device id."""
+    per_device: dict[int, dict[str, float]] = {}
+    for device in jax.local_devices():
         try:
             stats = device.memory_stats()
         except Exception:  # backends without allocator statistics raise or return None
             stats = None
-        for name in _DEVICE_MEMORY_STATS:
-            if stats and name in stats:
-                metrics[f"sys/device{index}/{name}"] = float(stats[name])
+        values = {name: float(stats[name]) for name in _DEVICE_MEMORY_STATS if stats and name in stats}
+        if values:
+            per_device[int(device.id)] = values
+    return per_device
+
+
+def device_memory_metrics(per_device: dict[int, dict[str, float]], log_all_data: bool) -> dict[str, float]:
+    """Name the device statistics as logged: every device's, or (Composer's default) the min and max over devices.
+
+    ``log_all_data=True`` gives ``sys/device<id>/<stat>`` for every device; ``False`` gives, for each
+    statistic, ``sys/min_<stat>_device_<id>`` and ``sys/max_<stat>_device_<id>`` naming the devices
+    that hold them (Composer's ``min_<metric>_rank_<r>``, per device since one process may drive several).
+
+    Example:
+        >>> device_memory_metrics({0: {'bytes_in_use': 5.0}, 1: {'bytes_in_use': 9.0}}, log_all_data=False)
+        {'sys/min_bytes_in_use_device_0': 5.0, 'sys/max_bytes_in_use_device_1': 9.0}
+    """
+    if log_all_data:
+        return {f"sys/device{device}/{name}": value for device, values in sorted(per_device.items())
+                for name, value in values.items()}
+    metrics: dict[str, float] = {}
+    for name in _DEVICE_MEMORY_STATS:
+        holders = [(values[name], device) for device, values in sorted(per_device.items()) if name in values]
+        if holders:
+            low, high = min(holders), max(holders, key=lambda item: (item[0], -item[1]))
+            metrics[f"sys/min_{name}_device_{low[1]}"] = low[0]
+            metrics[f"sys/max_{name}_device_{high[1]}"] = high[0]
     return metrics
+
+
+def _all_processes(per_device: dict[int, dict[str, float]]) -> dict[int, dict[str, float]]:
+    """Every process's device statistics (a collective: all processes call it at the same batches)."""
+    if jax.process_count() == 1:
+        return per_device
+    rows = np.full((len(jax.local_devices()), 1 + len(_DEVICE_MEMORY_STATS)), np.nan)
+    for row, device in zip(rows, jax.local_devices()):
+        row[0] = device.id
+        for column, name in enumerate(_DEVICE_MEMORY_STATS, start=1):
+            row[column] = per_device.get(int(device.id), {}).get(name, np.nan)
+    gathered = dist.all_gather(rows).reshape(-1, rows.shape[1])
+    return {int(row[0]): {name: float(value) for name, value in zip(_DEVICE_MEMORY_STATS, row[1:])
+                          if not np.isnan(value)} for row in gathered if not np.all(np.isnan(row[1:]))}
 
 
 class SystemMetricsMonitor(Callback):
@@ -175,25 +225,33 @@ class SystemMetricsMonitor(Callback):
     sampling starts) covers the first interval.
 
     Args:
+        log_all_data: log every device's memory statistics; by default (Composer's) only the min and
+            max over the devices of all processes, with the device that holds each.
         interval: how often: a time string or Time in batches (``'10ba'``) or epochs (``'1ep'``); an
-            int means batches.
+            int means batches. (Composer samples at every batch start; this is the one argument it
+            does not have. A time passed as the first positional argument is read as ``interval``.)
 
     Example::
 
         from composerjax import Trainer
         from composerjax.callbacks.system_metrics_monitor import SystemMetricsMonitor
 
-        trainer = Trainer(model, loader, max_duration='1ep', callbacks=[SystemMetricsMonitor('50ba')],
+        trainer = Trainer(model, loader, max_duration='1ep', callbacks=[SystemMetricsMonitor(interval='50ba')],
                           loggers=[TensorBoardLogger()])
     """
 
-    def __init__(self, interval: int | str | Time = "10ba") -> None:
+    def __init__(self, log_all_data: bool = False, interval: int | str | Time = "10ba") -> None:
+        if not isinstance(log_all_data, bool) and isinstance(log_all_data, (int, str, Time)):
+            log_all_data, interval = False, log_all_data  # the earlier signature: SystemMetricsMonitor('50ba')
+        if not isinstance(log_all_data, bool):
+            raise ValueError(f"SystemMetricsMonitor(log_all_data={log_all_data!r}): expected True or False")
+        self.log_all_data = log_all_data
         self.interval = parse_time(interval, "interval", (TimeUnit.BATCH, TimeUnit.EPOCH), TimeUnit.BATCH, minimum=1,
                                    expected="a positive number of batches or epochs, such as '10ba', '1ep' or 10")
         self.sampler: SystemSampler | None = None
 
     def fit_start(self, state: State, logger: Logger) -> None:
-        self.sampler = SystemSampler()
+        self.sampler = self._new_sampler()
 
     def batch_end(self, state: State, logger: Logger) -> None:
         if self.interval.unit == TimeUnit.BATCH and state.timestamp.batch.value % self.interval.value == 0:
@@ -203,7 +261,10 @@ class SystemMetricsMonitor(Callback):
         if self.interval.unit == TimeUnit.EPOCH and state.timestamp.epoch.value % self.interval.value == 0:
             self._log(state, logger)
 
+    def _new_sampler(self) -> SystemSampler:
+        return SystemSampler(log_all_data=self.log_all_data, gather=True)
+
     def _log(self, state: State, logger: Logger) -> None:
         if self.sampler is None:
-            self.sampler = SystemSampler()
+            self.sampler = self._new_sampler()
         logger.log_metrics(self.sampler.sample(), step=state.timestamp.batch.value)

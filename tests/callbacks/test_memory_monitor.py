@@ -45,6 +45,21 @@ def test_device_statistics_are_the_largest_over_devices():
                FakeDevice({"bytes_in_use": 25, "peak_bytes_in_use": 30}), FakeDevice(None)]
     assert device_memory(devices) == {"device_bytes_in_use": 25, "device_peak_bytes_in_use": 40}
     assert device_memory(devices, ["num_allocs"]) == {"device_num_allocs": 3}
+    # Composer's memory_keys form: statistic -> logged name.
+    assert device_memory(devices, {"peak_bytes_in_use": "peak_mem"}) == {"peak_mem": 40}
+
+
+def test_composer_signature_and_aggregation_of_one_process(classification_arrays, make_tiny_classifier):
+    x, y = classification_arrays
+    memory = InMemoryLogger()
+    Trainer(make_tiny_classifier(), ArrayLoader((x, y), batch_size=16), max_duration="4ba",
+            optimizers=optax.sgd(0.1), callbacks=[MemoryMonitor(None, 2, interval=4)], loggers=[memory],
+            progress_bar=False, run_summary=False).fit()
+    # Logged at batch 2 (aggregation) and 4 (interval and aggregation); one process: avg = min = max.
+    assert [step for step, _ in memory.data["memory/host_rss_bytes_max"]] == [2, 4]
+    for step, rss in memory.data["memory/host_rss_bytes"]:
+        assert dict(memory.data["memory/host_rss_bytes_avg"])[step] == rss
+        assert dict(memory.data["memory/host_rss_bytes_min"])[step] == rss
 
 
 def test_memory_metrics_include_the_fake_devices():
@@ -58,6 +73,7 @@ def test_memory_metrics_include_the_fake_devices():
 @pytest.mark.parametrize("kwargs, message", [
     ({"interval": 0}, "interval=0"),
     ({"memory_keys": "bytes_in_use"}, "memory_keys='bytes_in_use'"),
+    ({"dist_aggregate_batch_interval": 0}, "dist_aggregate_batch_interval=0"),
 ])
 def test_invalid_arguments_are_named(kwargs, message):
     with pytest.raises(ValueError, match=message):

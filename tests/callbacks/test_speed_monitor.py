@@ -68,9 +68,10 @@ def test_rates_flops_and_mfu_over_the_window(clock, classification_arrays, make_
     assert memory.data["throughput/device/samples_per_sec"] == [(b, 16 / BATCH_SECONDS) for b in (5, 6, 7, 8)]
     flops_per_sec = record.flops / BATCH_SECONDS
     assert [v for _, v in memory.data["throughput/flops_per_sec"]] == pytest.approx([flops_per_sec] * 4, rel=1e-12)
-    assert [v for _, v in memory.data["throughput/mfu"]] == pytest.approx([flops_per_sec / 1e6] * 4, rel=1e-12)
+    assert [v for _, v in memory.data["throughput/device/mfu"]] == pytest.approx([flops_per_sec / 1e6] * 4, rel=1e-12)
     assert "throughput/tokens_per_sec" not in memory.data  # the classifier's batches count no tokens
-    assert memory.data["wall_clock/train"] == [(b, BATCH_SECONDS * b) for b in range(1, 9)]
+    # Composer's default unit: hours.
+    assert memory.data["time/train"] == [(b, BATCH_SECONDS * b / 3600) for b in range(1, 9)]
     assert trainer.compile_count == 1
 
 
@@ -78,19 +79,20 @@ def test_no_mfu_without_a_known_peak_on_cpu(clock, classification_arrays, make_t
     _, memory = run(clock, classification_arrays, make_tiny_classifier, SpeedMonitor(window_size=2),
                     max_duration="4ba")
     assert len(memory.data["throughput/flops_per_sec"]) == 2
-    assert "throughput/mfu" not in memory.data
+    assert "throughput/device/mfu" not in memory.data
 
 
 def test_evaluation_time_is_left_out_of_training_time_and_rates(clock, classification_arrays,
                                                                 make_tiny_classifier):
     x, y = classification_arrays
-    _, memory = run(clock, classification_arrays, make_tiny_classifier, SpeedMonitor(window_size=2),
-                    max_duration="2ep", eval_dataloader=ArrayLoader((x, y), batch_size=32, shuffle=False))
+    _, memory = run(clock, classification_arrays, make_tiny_classifier,
+                    SpeedMonitor(window_size=2, time_unit="seconds"), max_duration="2ep",
+                    eval_dataloader=ArrayLoader((x, y), batch_size=32, shuffle=False))
     # One evaluation after epoch 1 (batch 4); the window over batches 4-6 spans it.
-    assert memory.data["wall_clock/train"][-1] == (8, 8 * BATCH_SECONDS)
-    assert dict(memory.data["wall_clock/val"])[4] == 0.0
-    assert dict(memory.data["wall_clock/val"])[5] == EVAL_SECONDS
-    assert dict(memory.data["wall_clock/total"])[5] == 5 * BATCH_SECONDS + EVAL_SECONDS
+    assert memory.data["time/train"][-1] == (8, 8 * BATCH_SECONDS)
+    assert dict(memory.data["time/val"])[4] == 0.0
+    assert dict(memory.data["time/val"])[5] == EVAL_SECONDS
+    assert dict(memory.data["time/total"])[5] == 5 * BATCH_SECONDS + EVAL_SECONDS
     assert set(v for _, v in memory.data["throughput/batches_per_sec"]) == {1 / BATCH_SECONDS}
 
 
@@ -124,6 +126,7 @@ def test_peak_lookup_and_state_dict():
 @pytest.mark.parametrize("kwargs, message", [
     ({"window_size": 0}, "window_size=0"),
     ({"gpu_flops_available": -1.0}, "gpu_flops_available=-1.0"),
+    ({"time_unit": "weeks"}, "time_unit='weeks'"),
 ])
 def test_invalid_arguments_are_named(kwargs, message):
     with pytest.raises(ValueError, match=message):

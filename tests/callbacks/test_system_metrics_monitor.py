@@ -82,23 +82,43 @@ def test_proc_fallback_without_psutil_reads_the_same_memory_total(monkeypatch):
     assert set(metrics) == HOST_KEYS
 
 
+class FakeDevice:
+    def __init__(self, id, stats):
+        self.id, self.stats = id, stats
+
+    def memory_stats(self):
+        return self.stats
+
+
 def test_device_memory_statistics_of_each_local_device(monkeypatch):
-    class FakeDevice:
-        def __init__(self, stats):
-            self.stats = stats
-
-        def memory_stats(self):
-            return self.stats
-
-    devices = [FakeDevice({"bytes_in_use": 5, "peak_bytes_in_use": 7, "bytes_limit": 100, "num_allocs": 3}),
-               FakeDevice(None)]
+    devices = [FakeDevice(0, {"bytes_in_use": 5, "peak_bytes_in_use": 7, "bytes_limit": 100, "num_allocs": 3}),
+               FakeDevice(1, None)]
     monkeypatch.setattr(system_metrics_monitor.jax, "local_devices", lambda: devices)
     metrics = SystemSampler().sample()
     assert {k: v for k, v in metrics.items() if "device" in k} == {
         "sys/device0/bytes_in_use": 5.0, "sys/device0/peak_bytes_in_use": 7.0, "sys/device0/bytes_limit": 100.0}
 
 
+def test_composer_default_logs_min_and_max_over_devices_with_their_ids(monkeypatch):
+    devices = [FakeDevice(0, {"bytes_in_use": 5, "peak_bytes_in_use": 9, "bytes_limit": 100}),
+               FakeDevice(1, {"bytes_in_use": 8, "peak_bytes_in_use": 8, "bytes_limit": 100}),
+               FakeDevice(2, {"bytes_in_use": 2, "peak_bytes_in_use": 9, "bytes_limit": 100})]
+    monkeypatch.setattr(system_metrics_monitor.jax, "local_devices", lambda: devices)
+    monitor = SystemMetricsMonitor()
+    assert monitor.log_all_data is False
+    metrics = monitor._new_sampler().sample()
+    assert {k: v for k, v in metrics.items() if "device" in k} == {
+        "sys/min_bytes_in_use_device_2": 2.0, "sys/max_bytes_in_use_device_1": 8.0,
+        "sys/min_peak_bytes_in_use_device_1": 8.0, "sys/max_peak_bytes_in_use_device_0": 9.0,
+        "sys/min_bytes_limit_device_0": 100.0, "sys/max_bytes_limit_device_0": 100.0}
+    all_data = SystemMetricsMonitor(log_all_data=True)._new_sampler().sample()
+    assert {k for k in all_data if "device" in k} == {f"sys/device{d}/{name}" for d in range(3) for name in
+                                                       ("bytes_in_use", "peak_bytes_in_use", "bytes_limit")}
+
+
 @pytest.mark.parametrize("interval", ["0ba", "5sp", "soon", 0])
 def test_invalid_interval_names_the_argument(interval):
     with pytest.raises(ValueError, match=f"interval={interval!r}"):
         SystemMetricsMonitor(interval)
+    with pytest.raises(ValueError, match=f"interval={interval!r}"):
+        SystemMetricsMonitor(interval=interval)

@@ -174,6 +174,14 @@ COLLECTIVES_SCRIPT = textwrap.dedent(
         "metrics_max": dist.reduce_metrics({"loss": 1.0 + rank}, op="max"),
     }
     results["broadcast"] = {"who": results["broadcast"]["who"], "xs": results["broadcast"]["xs"].tolist()}
+    # MemoryMonitor's dist_aggregate_batch_interval and SystemMetricsMonitor's device statistics.
+    from composerjax.callbacks.memory_monitor import aggregate_over_processes
+    from composerjax.callbacks.system_metrics_monitor import _all_processes
+    import jax
+    own = {"host_rss_bytes": 100.0 * (rank + 1)} | ({"device_bytes_in_use": 7.0} if rank == 0 else {})
+    results["memory"] = aggregate_over_processes(own, ["device_bytes_in_use", "host_rss_bytes"])
+    results["devices"] = _all_processes({d.id: {"bytes_in_use": 10.0 * d.id} for d in jax.local_devices()})
+    results["device_ids"] = sorted(d.id for d in jax.devices())
     dist.barrier("before-mismatch")
     try:
         dist.reduce_metrics({"loss": 1.0, "extra": 2.0} if rank == 0 else {"loss": 1.0})
@@ -209,5 +217,10 @@ def test_collectives_across_two_launched_processes(tmp_path):
         assert result["min"] == 1.5
         assert result["metrics"] == {"loss": 1.5, "accuracy": 0.25}
         assert result["metrics_max"] == {"loss": 2.0}
+        assert result["memory"] == {"device_bytes_in_use_avg": 7.0, "device_bytes_in_use_min": 7.0,
+                                    "device_bytes_in_use_max": 7.0, "host_rss_bytes_avg": 150.0,
+                                    "host_rss_bytes_min": 100.0, "host_rss_bytes_max": 200.0}
+        assert len(result["device_ids"]) == 4
+        assert result["devices"] == {str(d): {"bytes_in_use": 10.0 * d} for d in result["device_ids"]}
         assert result["mismatch"] == ("reduce_metrics: every process must pass the same metric names; "
                                       "process 1 lacks ['extra']")
