@@ -14,6 +14,7 @@ Example:
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -71,4 +72,9 @@ class Logger(Protocol):
     def log_table(self, columns: Sequence[str], rows: Sequence[Sequence[Any]], name: str = "table",
                   step: int | None = None) -> None:
         """Log a table: ``rows`` hold one value per column."""
+        ...
+
+    def upload_file(self, remote_file_name: str, file_path: str | os.PathLike[str], *, overwrite: bool = False,
+                    ) -> None:
+        """Hand a finished file or folder (a saved checkpoint) to the destinations that keep files."""
         ...

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -49,6 +50,17 @@ class LoggerDestination(Callback):
 
     def log_table(self, columns: list[str], rows: list[list[Any]], name: str, step: int | None = None) -> None:
         """Record a table: ``rows`` are lists of plain Python values, one per column."""
+
+    def can_upload_files(self) -> bool:
+        """Whether this destination keeps files it is handed with ``upload_file`` (Composer's)."""
+        return _overrides(self, "upload_file")
+
+    def upload_file(self, state: State | None, remote_file_name: str, file_path: str | os.PathLike[str], *,
+                    overwrite: bool = False) -> None:
+        """Keep a copy of a finished file or folder (a saved checkpoint) under ``remote_file_name``.
+
+        Called on every destination after a checkpoint is verified on disk; the default keeps nothing.
+        """
 
 
 class Logger:
@@ -128,6 +140,17 @@ class Logger:
         step = self._step(step)
         for destination in receivers:
             destination.log_images(batch, name, step)
+
+    def upload_file(self, remote_file_name: str, file_path: str | os.PathLike[str], *, overwrite: bool = False,
+                    ) -> None:
+        """Hand a finished file or folder (a saved checkpoint) to every destination that keeps files.
+
+        Example:
+            >>> Logger(state=None, destinations=[]).upload_file('run/checkpoints/ep1-ba4', '/tmp/ep1-ba4')
+        """
+        for destination in self._destinations:
+            if destination.can_upload_files():
+                destination.upload_file(self._state, remote_file_name, file_path, overwrite=overwrite)
 
     def log_table(self, columns: Sequence[str], rows: Sequence[Sequence[Any]], name: str = "table",
                   step: int | None = None) -> None:

@@ -32,18 +32,15 @@ from composerjax.trainer.checkpoint_checks import (
     first_line,
 )
 from composerjax.trainer.checkpoint_load import MODEL_KEYS, ArrayPlan, LoadOptions, load_into
+from composerjax.trainer.checkpoint_storage import storage_for
 from composerjax.trainer.checkpoint_writer import (
     OWNER_FILE,
-    REPLACED,
     SWITCH_INTERVAL,
     CheckpointInfo,
     OwnerLock,
     call_with_timeout,
     check_template,
     format_name,
-    list_checkpoints,
-    point_latest,
-    remove_checkpoint,
     thread_ids,
 )
 
@@ -81,11 +78,17 @@ class Checkpointer:
     next one; once a save is verified, ``latest_filename`` is pointed at it and, beyond ``keep``,
     the oldest of the saver's checkpoints are deleted.
 
+    ``folder`` may be an ``s3://`` or ``gs://`` URI
+    (:mod:`~composerjax.trainer.checkpoint_storage`): orbax then writes into a local staging
+    folder, and the save counts as done once every file and, last, the marker that makes the
+    checkpoint complete are in the bucket; reading downloads a checkpoint first.
+
     Before anything is read, :meth:`restore` compares the saved arrays (names, shapes) with the
     run's and raises :class:`CheckpointMismatchError` listing every difference.
 
     Args:
-        folder: where checkpoints go (one sub-folder per checkpoint).
+        folder: where checkpoints go (one sub-folder per checkpoint): a local folder or an
+            ``s3://bucket/path`` / ``gs://bucket/path`` URI.
         interval: a Time in 'ep' or 'ba' (``'1ep'``, ``'500ba'``).
         keep: how many of the saver's checkpoints to keep (None keeps all).
         weights_only: save only the model's variables (no optimizer, algorithm or host state).
@@ -140,7 +143,8 @@ class Checkpointer:
                              "'1ep' or '500ba'")
         if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 1):
             raise ValueError(f"save_num_checkpoints_to_keep={keep!r}: expected a positive integer, or -1 for all")
-        if os.path.exists(folder) and not os.path.isdir(folder):
+        self.store = storage_for(folder, "save_folder")
+        if not self.store.remote and os.path.exists(folder) and not os.path.isdir(folder):
             raise ValueError(f"save_folder={folder!r} is a file; expected a folder (it is created if missing)")
         check_template(filename, "save_filename")
         self._latest_per_process = False
@@ -152,7 +156,7 @@ class Checkpointer:
         if writer_switch_interval is not None and not writer_switch_interval > 0:
             raise ValueError(f"writer_switch_interval={writer_switch_interval!r}: expected a positive number of "
                              "seconds, or None")
-        self.folder = os.path.abspath(folder)
+        self.folder = self.store.folder
         self.interval = interval
         self.keep = keep
         self.weights_only = bool(weights_only)
@@ -176,12 +180,18 @@ class Checkpointer:
         self.writer_threads: set[int] = set()
         self._owner: OwnerLock | None = None
         self._closed = False
+        # The remote save to upload once orbax has written it (name, record), and why the last upload failed.
+        self._to_upload: tuple[str, dict[str, Any]] | None = None
+        self._upload_error: BaseException | None = None
         if owner is not None and dist.is_process_zero():
-            self._owner = OwnerLock.acquire(self.folder, owner)
+            self._owner = OwnerLock.acquire(self.store.staging, owner)
         try:
             handler = ocp.CompositeCheckpointHandler(state=ocp.PyTreeCheckpointHandler(),
                                                      meta=ocp.JsonCheckpointHandler())
-            self.writer = ocp.AsyncCheckpointer(handler) if async_save else ocp.Checkpointer(handler)
+            # Remote: process 0 uploads in orbax's writer thread, once every process wrote its part.
+            upload = {"async_options": ocp.options.AsyncOptions(post_finalization_callback=self._upload)} \
+                if self.store.remote else {}
+            self.writer = ocp.AsyncCheckpointer(handler, **upload) if async_save else ocp.Checkpointer(handler)
         except BaseException:
             if self._owner is not None:
                 self._owner.release()
@@ -203,7 +213,7 @@ class Checkpointer:
 
     def checkpoints(self) -> list[CheckpointInfo]:
         """The complete checkpoints in the folder, oldest first by the clock they recorded."""
-        return list_checkpoints(self.folder, self._listing)
+        return self.store.list(self._listing)
 
     def steps(self) -> list[int]:
         """The batch indices of the complete checkpoints in the folder, oldest first."""
@@ -266,10 +276,10 @@ class Checkpointer:
         name = format_name(self.filename if name is None else name, state.timestamp, state.run_name,
                            "save_filename" if name is None else "name")
         batch = int(state.timestamp.batch)
-        path = os.path.join(self.folder, name)
+        path = self.store.path(name)
         pending = self._pending
         if (pending is not None and pending[:3] == (name, batch, weights_only)) or (
-                self.written.get(name) == (batch, weights_only) and os.path.isdir(path)):
+                self.written.get(name) == (batch, weights_only) and self.store.landed(name, batch, weights_only)):
             return path
         if state.train_state is None:
             raise RuntimeError("Checkpointer.save(): the device state is not built yet")
@@ -296,9 +306,16 @@ class Checkpointer:
         if self.writer_switch_interval is not None:
             SWITCH_INTERVAL.lower(self, self.writer_switch_interval)
         threads = thread_ids()
+        self._to_upload, self._upload_error = (name, record) if self.store.remote else None, None
         try:
-            self.writer.save(path, args=ocp.args.Composite(**items), custom_metadata={"composerjax": record})
+            self.writer.save(os.path.join(self.store.staging, name), args=ocp.args.Composite(**items),
+                             custom_metadata={"composerjax": record})
+            if self.store.remote and not isinstance(self.writer, ocp.AsyncCheckpointer):
+                if dist.is_process_zero():
+                    self._upload()
+                dist.barrier("composerjax-checkpoint-upload")
         except Exception as error:
+            self._to_upload = None
             raise CheckpointSaveError(f"checkpoint {name} not saved in {self.folder!r}: {first_line(error)}") \
                 from None
         finally:
@@ -310,14 +327,30 @@ class Checkpointer:
         self.in_flight = batch
         return path
 
+    def _upload(self) -> None:
+        """Upload the remote save orbax has just written (process 0; orbax's writer thread when async).
+
+        An error is kept for :meth:`_finish_in_flight`'s message, not raised: the other processes
+        wait for this one in orbax's commit barrier, and all of them see the marker missing.
+        """
+        job, self._to_upload = self._to_upload, None
+        if job is None:
+            return
+        try:
+            self.store.upload_staged(*job)
+        except Exception as error:  # noqa: BLE001 - reported by _finish_in_flight on the main thread
+            self._upload_error = error
+
     def _make_room(self, name: str, batch: int, weights_only: bool) -> None:
         """Clear the way for checkpoint ``name`` at ``batch``, or raise if that would lose another run's work."""
         primary = dist.is_process_zero()
+        if primary:
+            self.store.prepare(name)
         found = self.checkpoints()
         stale = [info for info in found if info.name in self.corrupt and (info.batch >= batch or info.name == name)]
         for info in stale:  # corrupt ones this run resumed past: it replaces them
             if primary:
-                remove_checkpoint(info.path)
+                self.store.remove(info)
             self.corrupt.discard(info.name)
         found = [info for info in found if info not in stale]
         ahead = [info.name for info in found if info.batch >= batch and info.weights_only == weights_only
@@ -327,8 +360,8 @@ class Checkpointer:
                 f"checkpoint {name} not saved: save_folder={self.folder!r} already holds checkpoint(s) {ahead} at or "
                 f"after batch {batch}, written by another run; pass save_overwrite=True to replace them, "
                 "autoresume=True to continue that run, or use a new save_folder")
-        path = os.path.join(self.folder, name)
-        if not os.path.lexists(path) and not any(info.name == name for info in found):
+        path = self.store.path(name)
+        if not any(info.name == name for info in found) and not self.store.holds(name):
             return
         if not self.overwrite:
             when = f" (this run wrote it at batch {self.written[name][0]})" if name in self.written else ""
@@ -338,14 +371,9 @@ class Checkpointer:
         if primary:
             for info in found:
                 if info.batch >= batch and info.name in ahead:
-                    remove_checkpoint(info.path)
-            aside = path + REPLACED
-            if os.path.isdir(aside):
-                remove_checkpoint(aside)
-            if any(info.name == name and info.path == path for info in found):
-                os.replace(path, aside)  # loads under its name until the replacement is verified
-            else:
-                remove_checkpoint(path)
+                    self.store.remove(info)
+            # The old one loads under its name until the replacement is verified.
+            self.store.set_aside(name, any(info.name == name and info.path == path for info in found))
         self.written.pop(name, None)
 
     def _finish_in_flight(self, timeout_s: float | None = None) -> None:
@@ -365,32 +393,31 @@ class Checkpointer:
         if pending is None:
             return
         self._pending, self.in_flight = None, None
-        path = os.path.join(self.folder, pending.name)
         # orbax logs (and swallows) some writer errors: the folder is the only proof of a save (orbax
-        # renames it into place once every item is written).
-        if error is None and os.path.isdir(path):
-            self.last_saved, self.last_saved_path = pending.batch, path
+        # renames it into place once every item is written), or in a bucket the marker uploaded last.
+        if error is None and self.store.landed(pending.name, pending.batch, pending.weights_only):
+            self.last_saved, self.last_saved_path = pending.batch, self.store.path(pending.name)
             self.written[pending.name] = (pending.batch, pending.weights_only)
             self._after_save(pending)
             return
-        reason = first_line(error) if error is not None else "it is not in the folder after the write finished"
+        reason = first_line(error) if error is not None else (
+            f"its upload failed: {first_line(self._upload_error)}" if self._upload_error is not None else
+            "it is not in the folder after the write finished")
         raise CheckpointSaveError(f"checkpoint {pending.name} was not saved in {self.folder!r}: {reason}") from None
 
     def _after_save(self, pending: _Pending) -> None:
         """A verified save: drop the copy it replaced and the oldest beyond ``keep``, point ``latest`` at it."""
         try:
             if dist.is_process_zero():
-                aside = os.path.join(self.folder, pending.name + REPLACED)
-                if os.path.isdir(aside):
-                    remove_checkpoint(aside)
+                self.store.committed(pending.name)
                 rotating = [info for info in self.checkpoints() if info.rotate]
                 if pending.rotate and self.keep is not None:
                     for info in rotating[:-self.keep]:
                         if info.name != pending.name:
-                            remove_checkpoint(info.path)
+                            self.store.remove(info)
             if pending.latest is not None and (dist.is_process_zero() or self._latest_per_process):
-                point_latest(self.folder, pending.latest, pending.name)
-        except OSError as error:  # the checkpoint itself is on disk and verified
+                self.store.point_latest(pending.latest, pending.name)
+        except OSError as error:  # the checkpoint itself is on disk (in the bucket) and verified
             print(f"composerjax: checkpoint {pending.name} is saved, but updating {self.folder} failed: "
                   f"{first_line(error)}", file=sys.stderr, flush=True)
 
@@ -419,7 +446,8 @@ class Checkpointer:
         """The JSON item of checkpoint ``which`` (newest by default): ``{'host': ..., 'hparams': ...}``."""
         info = which if isinstance(which, CheckpointInfo) else self.find(which)
         try:
-            meta = self.writer.restore(info.path, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+            meta = self.writer.restore(self.store.readable(info).path,
+                                       args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
         except Exception as error:
             raise CheckpointCorruptError(f"checkpoint {info.name} in {self.folder!r}: its 'meta' item cannot be "
                                          f"read: {first_line(error)}") from error
@@ -472,7 +500,11 @@ class Checkpointer:
             options = dataclasses.replace(options, weights_only=True)
         info = which if isinstance(which, CheckpointInfo) else self.find(which, field, any_kind=options.weights_only)
         where = f"{field}={self.folder!r}: checkpoint {info.name}"
-        self.last_load = load_into(self.writer, state, info, self.read_host(info), options, where)
+        try:
+            local = self.store.readable(info)  # a bucket's checkpoint is downloaded first
+        except Exception as error:
+            raise CheckpointCorruptError(f"{where} cannot be downloaded: {first_line(error)}") from error
+        self.last_load = load_into(self.writer, state, local, self.read_host(local), options, where)
         if not options.weights_only:
             # The run now holds exactly what this checkpoint holds: a save of it at that batch (a finished
             # run restarted, whose fit() saves at its end again) is already done, not another run's.
@@ -540,6 +572,7 @@ class Checkpointer:
             if self._owner is not None:
                 self._owner.release()
                 self._owner = None
+            self.store.close()
 
 
 def _to_json(value: Any) -> Any:

@@ -15,6 +15,7 @@ from composerjax.core.state import State
 from composerjax.core.time import Time, Timestamp, TimeUnit
 from composerjax.trainer.checkpoint import Checkpointer, CheckpointSaveError
 from composerjax.trainer.checkpoint_load import LoadOptions
+from composerjax.trainer.checkpoint_storage import is_remote, storage_for
 from composerjax.trainer.checkpoint_writer import check_template, read_info, resolve_pointer
 
 __all__ = ["CheckpointSaver", "ABANDON_SAVE_TIMEOUT_S", "DEFAULT_FILENAME", "DEFAULT_LATEST", "checkpoint_location",
@@ -42,7 +43,8 @@ class CheckpointSaver(Callback):
     (``CheckpointSaver/BATCH_CHECKPOINT`` ...) with the time ``save()`` took to return.
 
     Args:
-        folder: the folder to save into (created if missing).
+        folder: the folder to save into (created if missing), or an ``s3://bucket/path`` /
+            ``gs://bucket/path`` URI (staged locally, uploaded whole; see ``docs/checkpointing.md``).
         save_interval: ``'1ep'``, ``'500ba'`` (an int counts epochs).
         num_checkpoints_to_keep: keep the newest N of the saver's checkpoints (-1 keeps all);
             ``Trainer.save_checkpoint`` ones are kept.
@@ -77,6 +79,7 @@ class CheckpointSaver(Callback):
             if not isinstance(value, bool):
                 raise ValueError(f"{flag}={value!r}: expected True or False")
         self.folder = os.fspath(folder)
+        storage_for(self.folder, "save_folder")  # an unsupported URI scheme fails here, not at the first save
         self.save_interval = _save_interval(save_interval)
         self.num_checkpoints_to_keep = num_checkpoints_to_keep
         self.weights_only = weights_only
@@ -208,12 +211,16 @@ def refuse_old_checkpoints(checkpointer: Checkpointer) -> None:
 def checkpoint_location(path: str) -> tuple[str, str | None]:
     """``(folder, name)`` for a save folder (name None: its newest) or one checkpoint in it (or its ``latest`` link).
 
+    A ``s3://``/``gs://`` URI is looked up in its bucket the same way (``latest`` is an object there).
+
     Example:
         >>> import tempfile
         >>> folder = tempfile.mkdtemp()
         >>> checkpoint_location(folder) == (folder, None)
         True
     """
+    if is_remote(path):
+        return storage_for(path, "load_path").locate()
     path = os.path.abspath(resolve_pointer(os.path.abspath(path)))
     if os.path.isfile(path):
         raise FileNotFoundError(f"load_path={path!r} is a file; expected a save_folder, one checkpoint folder inside "
@@ -229,8 +236,8 @@ def load_at_start(trainer: Any, report: Any = None) -> int | None:
     With ``autoresume`` and a checkpoint in ``save_folder``: the newest one (by recorded clock) that
     reads back intact, in full; the ``load_*`` options then do not apply, except
     ``load_strict_model_weights`` (as in Composer). Else ``load_path`` (a save folder: its newest
-    checkpoint; or one checkpoint's folder, or a ``latest`` link) with ``load_weights_only``,
-    ``load_strict_model_weights``, ``load_ignore_keys`` and ``load_exclude_algorithms``.
+    checkpoint; or one checkpoint's folder, or a ``latest`` link; local or ``s3://``/``gs://``) with
+    ``load_weights_only``, ``load_strict_model_weights``, ``load_ignore_keys`` and ``load_exclude_algorithms``.
 
     Raises:
         FileNotFoundError, CheckpointMismatchError, CheckpointCorruptError: see ``Checkpointer.restore``.
