@@ -12,6 +12,7 @@ Example::
 from composerjax.algorithms.alibi import ALiBi, Alibi, alibi_bias, alibi_slopes, apply_alibi
 from composerjax.algorithms.augmix import AugMix, augmix_batch, augmix_image
 from composerjax.algorithms.blurpool import BlurPool, apply_blurpool, blur_2d
+from composerjax.algorithms.channels_last import ChannelsLast, apply_channels_last
 from composerjax.algorithms.colout import ColOut, colout_batch
 from composerjax.algorithms.cutmix import CutMix, cutmix_batch
 from composerjax.algorithms.cutout import CutOut, cutout_batch
@@ -20,6 +21,7 @@ from composerjax.algorithms.factorize import Factorize, apply_factorization
 from composerjax.algorithms.gated_linear_units import GatedLinearUnits, apply_gated_linear_units
 from composerjax.algorithms.ghost_batchnorm import GhostBatchNorm, apply_ghost_batchnorm, ghost_batch_norm
 from composerjax.algorithms.gradient_clipping import GradientClipping, clip_gradients
+from composerjax.algorithms.gyro_dropout import GyroDropout, apply_gyro_dropout
 from composerjax.algorithms.label_smoothing import LabelSmoothing, smooth_labels
 from composerjax.algorithms.layer_freezing import LayerFreezing, freeze_layers
 from composerjax.algorithms.low_precision_layernorm import LowPrecisionLayerNorm, apply_low_precision_layernorm
@@ -40,6 +42,7 @@ __all__ = [
     "Alibi",
     "AugMix",
     "BlurPool",
+    "ChannelsLast",
     "ColOut",
     "CutMix",
     "CutOut",
@@ -48,6 +51,7 @@ __all__ = [
     "GatedLinearUnits",
     "GhostBatchNorm",
     "GradientClipping",
+    "GyroDropout",
     "LabelSmoothing",
     "LayerFreezing",
     "LowPrecisionLayerNorm",
@@ -67,9 +71,11 @@ __all__ = [
     "alibi_slopes",
     "apply_alibi",
     "apply_blurpool",
+    "apply_channels_last",
     "apply_factorization",
     "apply_gated_linear_units",
     "apply_ghost_batchnorm",
+    "apply_gyro_dropout",
     "apply_low_precision_layernorm",
     "apply_squeeze_excite",
     "apply_stochastic_depth",

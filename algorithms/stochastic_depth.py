@@ -8,10 +8,16 @@ method, like ``BasicBlock`` and ``DecoderBlock``) is wrapped in a :class:`Stocha
 Two methods, as in Composer:
 
 * ``'block'`` (the paper): the whole batch drops the branch (computed and masked, as a cond is slow on
-  XLA:CPU; a dropped branch leaves its batch-norm statistics unchanged). Training does not rescale; evaluation
-  scales the branch by ``1 - p``.
-* ``'sample'`` (EfficientNet's drop-path): each sample skips the branch on its own; kept samples are
-  scaled by ``1 / (1 - p)`` in training, so evaluation uses the branch as is.
+  XLA:CPU; a dropped branch leaves its batch-norm statistics unchanged). A dropped ``BasicBlock``
+  returns ``x``, or ``relu(shortcut(x))`` when it has a shortcut conv, as Composer's bottleneck does.
+* ``'sample'`` (EfficientNet's drop-path): each sample skips the branch on its own.
+
+Two scalings (``scaling``), for both methods:
+
+* ``'eval'`` (Composer's, the default): training uses the kept branch as is; evaluation scales the
+  branch by ``1 - p``, its expected value.
+* ``'train'`` (inverted drop-path, as timm / ``nnx.Dropout``): kept branches are scaled by
+  ``1 / (1 - p)`` in training, so evaluation uses the branch as is.
 
 Evaluation is deterministic. Randomness comes from an ``nnx.Rngs`` stream owned by each wrapper
 (``rngs.dropout``), carried through the compiled step like any other module state.
@@ -45,6 +51,7 @@ __all__ = [
 
 STOCHASTIC_METHODS = ("block", "sample")
 DROP_DISTRIBUTIONS = ("uniform", "linear")
+SCALINGS = ("eval", "train")
 
 
 def _identity(block: nnx.Module, x: jax.Array) -> jax.Array:
@@ -63,22 +70,34 @@ def _add_relu(identity: jax.Array, residual: jax.Array) -> jax.Array:
     return nnx.relu(identity + residual)
 
 
+def _basic_block_dropped(block: BasicBlock, x: jax.Array, identity: jax.Array) -> jax.Array:
+    # Composer's dropped bottleneck: its input unchanged, or relu(downsample(x)) with a downsample.
+    return x if block.shortcut is None else nnx.relu(identity)
+
+
 @dataclasses.dataclass(frozen=True)
 class ResidualPolicy:
-    """How a block joins its branch to its input: ``combine(identity(block, x), residual)``."""
+    """How a block joins its branch to its input: ``combine(identity(block, x), residual)``.
+
+    ``dropped(block, x, identity)`` is what a block dropped whole (``'block'`` method) returns;
+    ``None`` means ``combine(identity, 0)``.
+    """
 
     identity: Callable[[nnx.Module, jax.Array], jax.Array]
     combine: Callable[[jax.Array, jax.Array], jax.Array]
+    dropped: Callable[[nnx.Module, jax.Array, jax.Array], jax.Array] | None = None
 
 
 #: Per block class; a class with a ``residual`` method that is not listed here (nor a subclass of one
 #: that is) must compute ``x + residual(x)``. Add an entry for any other form.
 RESIDUAL_POLICIES: dict[type, ResidualPolicy] = {
-    BasicBlock: ResidualPolicy(_basic_block_identity, _add_relu),
+    BasicBlock: ResidualPolicy(_basic_block_identity, _add_relu, _basic_block_dropped),
     DecoderBlock: ResidualPolicy(_identity, _add),
 }
 _ADD = ResidualPolicy(_identity, _add)
-_TARGETS_BY_NAME: dict[str, type] = {"BasicBlock": BasicBlock, "DecoderBlock": DecoderBlock}
+#: Composer's name, 'ResNetBottleneck', is accepted for the residual block of this project's ResNets.
+_TARGETS_BY_NAME: dict[str, type] = {"BasicBlock": BasicBlock, "DecoderBlock": DecoderBlock,
+                                     "ResNetBottleneck": BasicBlock}
 
 
 def block_drop_rates(num_blocks: int, drop_rate: float, drop_distribution: str = "linear") -> list[float]:
@@ -109,12 +128,16 @@ class StochasticBlock(nnx.Module):
         stochastic_method: ``'block'`` (whole batch) or ``'sample'`` (per sample).
         rngs: draws the drops from its ``dropout`` stream.
         policy: how ``block`` joins identity and branch; looked up in ``RESIDUAL_POLICIES`` by default.
+        scaling: ``'eval'`` (Composer's: branch times ``1 - p`` in evaluation) or ``'train'``
+            (inverted: kept branches times ``1 / (1 - p)`` in training).
     """
 
     def __init__(self, block: nnx.Module, drop_rate: float, stochastic_method: str = "block", *,
-                 rngs: nnx.Rngs, policy: ResidualPolicy | None = None) -> None:
+                 rngs: nnx.Rngs, policy: ResidualPolicy | None = None, scaling: str = "eval") -> None:
         _check_method_and_rate(stochastic_method, drop_rate)
+        _check_scaling(scaling)
         self.block = block
+        self.scaling = scaling
         self.target_drop_rate = float(drop_rate)
         self.drop_rate = StochasticDepthRate(jnp.asarray(drop_rate, jnp.float32))
         self.stochastic_method = stochastic_method
@@ -124,12 +147,16 @@ class StochasticBlock(nnx.Module):
 
     def __call__(self, x: jax.Array) -> jax.Array:
         identity = self.policy.identity(self.block, x)
-        rate = self.drop_rate[...]
+        keep_probability = 1 - self.drop_rate[...]
+        if self.deterministic:
+            residual = self.block.residual(x)
+            if self.scaling == "eval":
+                residual = residual * keep_probability.astype(residual.dtype)
+            return self.policy.combine(identity, residual)
+        # 'train' scaling: kept branches times 1 / (1 - p); 0 when p == 1 (nothing is kept then).
+        inverse = jnp.where(keep_probability > 0, 1 / jnp.where(keep_probability > 0, keep_probability, 1.0), 0.0)
         if self.stochastic_method == "block":
-            if self.deterministic:
-                residual = self.block.residual(x)
-                return self.policy.combine(identity, residual * (1 - rate).astype(residual.dtype))
-            keep = jax.random.bernoulli(self.rngs.dropout(), 1 - rate)
+            keep = jax.random.bernoulli(self.rngs.dropout(), keep_probability)
             # The branch is computed and masked rather than skipped with a cond: XLA:CPU runs convs
             # inside a conditional ~35x slower (benchmarks/algorithms.py). A dropped branch still
             # leaves its batch-norm statistics as they were.
@@ -138,14 +165,18 @@ class StochasticBlock(nnx.Module):
             stats_after = nnx.to_pure_dict(nnx.state(self.block, nnx.BatchStat))
             kept_stats = jax.tree.map(lambda new, old: jnp.where(keep, new, old), stats_after, stats_before)
             nnx.update(self.block, nnx.State(kept_stats))
-            return self.policy.combine(identity, residual * keep.astype(residual.dtype))
+            if self.scaling == "train":
+                residual = residual * inverse.astype(residual.dtype)
+            kept = self.policy.combine(identity, residual)
+            if self.policy.dropped is None:
+                dropped = self.policy.combine(identity, jnp.zeros_like(residual))
+            else:
+                dropped = self.policy.dropped(self.block, x, identity)
+            return jnp.where(keep, kept, dropped)
         residual = self.block.residual(x)
-        if self.deterministic:
-            return self.policy.combine(identity, residual)
-        keep = jax.random.bernoulli(self.rngs.dropout(), 1 - rate, (x.shape[0],) + (1,) * (residual.ndim - 1))
-        scale = jnp.where(keep, 1 / jnp.maximum(1 - rate, 1e-12), 0.0).astype(residual.dtype)
+        keep = jax.random.bernoulli(self.rngs.dropout(), keep_probability, (x.shape[0],) + (1,) * (residual.ndim - 1))
+        scale = jnp.where(keep, inverse if self.scaling == "train" else 1.0, 0.0).astype(residual.dtype)
         return self.policy.combine(identity, residual * scale)
-
 
 
 def policy_for(block_class: type) -> ResidualPolicy:
@@ -158,7 +189,8 @@ def policy_for(block_class: type) -> ResidualPolicy:
 
 def apply_stochastic_depth(model: nnx.Module, target_layer_name: str | type = "BasicBlock",
                            stochastic_method: str = "block", drop_rate: float = 0.2,
-                           drop_distribution: str = "linear", seed: int | jax.Array = 0) -> int:
+                           drop_distribution: str = "linear", seed: int | jax.Array = 0,
+                           scaling: str = "eval") -> int:
     """Wrap every block of the target class in ``model`` in a :class:`StochasticBlock`; return how many.
 
     Blocks are numbered in definition order (the order ``replace_modules`` walks the model); block
@@ -175,6 +207,7 @@ def apply_stochastic_depth(model: nnx.Module, target_layer_name: str | type = "B
     target = _target_class(target_layer_name)
     _check_method_and_rate(stochastic_method, drop_rate)
     _check_distribution(drop_distribution)
+    _check_scaling(scaling)
     key = jax.random.key(seed) if isinstance(seed, int) else seed
     wrapped = {id(module.block) for _, module in nnx.iter_modules(model) if isinstance(module, StochasticBlock)}
     blocks: list[nnx.Module] = []
@@ -192,7 +225,7 @@ def apply_stochastic_depth(model: nnx.Module, target_layer_name: str | type = "B
         if id(block) not in index_of:
             return block
         rngs = nnx.Rngs(dropout=jax.random.fold_in(key, index_of[id(block)]))
-        return StochasticBlock(block, rates[id(block)], stochastic_method, rngs=rngs)
+        return StochasticBlock(block, rates[id(block)], stochastic_method, rngs=rngs, scaling=scaling)
 
     replace_modules(model, {target: wrap})
     return len(blocks)
@@ -210,8 +243,9 @@ class StochasticDepth(Algorithm):
     """Drop residual branches at random in training, deeper blocks more often (surgery at ``Event.INIT``).
 
     Args:
-        target_layer_name: ``'BasicBlock'``, ``'DecoderBlock'``, or a block class with a
-            ``residual(x)`` method (see ``RESIDUAL_POLICIES`` for how it must combine).
+        target_layer_name: ``'BasicBlock'`` (or Composer's ``'ResNetBottleneck'``, the same block),
+            ``'DecoderBlock'``, or a block class with a ``residual(x)`` method (see
+            ``RESIDUAL_POLICIES`` for how it must combine).
         stochastic_method: ``'block'`` (whole batch, the paper) or ``'sample'`` (per sample).
         drop_rate: the drop probability of the last block ('linear') or of every block ('uniform').
         drop_distribution: ``'linear'`` in depth or ``'uniform'``.
@@ -220,6 +254,9 @@ class StochasticDepth(Algorithm):
             Done inside the compiled step at ``BEFORE_TRAIN_BATCH``; a fraction needs a known
             ``max_duration``.
         seed: the random streams of the blocks; ``None`` derives it from the trainer's ``seed``.
+        scaling: ``'eval'`` (Composer's, default): training keeps the branch unscaled and
+            evaluation multiplies it by ``1 - p``; ``'train'`` (inverted drop-path): kept branches are
+            multiplied by ``1 / (1 - p)`` in training and evaluation uses them as is.
 
     Example::
 
@@ -229,10 +266,12 @@ class StochasticDepth(Algorithm):
 
     def __init__(self, target_layer_name: str | type = "BasicBlock", stochastic_method: str = "block",
                  drop_rate: float = 0.2, drop_distribution: str = "linear",
-                 drop_warmup: float | str | Time = 0.0, seed: int | None = None) -> None:
+                 drop_warmup: float | str | Time = 0.0, seed: int | None = None, scaling: str = "eval") -> None:
         self.target = _target_class(target_layer_name)
         _check_method_and_rate(stochastic_method, drop_rate)
         _check_distribution(drop_distribution)
+        _check_scaling(scaling)
+        self.scaling = scaling
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
             raise ValueError(f"seed={seed!r}: expected an integer or None (derive it from the trainer's seed)")
         self.target_layer_name = target_layer_name
@@ -251,8 +290,9 @@ class StochasticDepth(Algorithm):
         if event == Event.INIT:
             seed = jax.random.key(self.seed) if self.seed is not None else jax.random.fold_in(state.rng, 0x5D)
             replaced = apply_stochastic_depth(state.model, self.target, self.stochastic_method, self.drop_rate,
-                                              self.drop_distribution, seed)
+                                              self.drop_distribution, seed, self.scaling)
             logger.log_hyperparameters({"stochastic_depth/num_replaced": replaced})
+            logger.log_metrics({"stochastic_depth/num_stochastic_layers": replaced})  # Composer's name
             if replaced == 0:
                 warnings.warn(f"StochasticDepth replaced no modules: the model has no {self.target.__name__}",
                               stacklevel=2)
@@ -269,7 +309,8 @@ class StochasticDepth(Algorithm):
     def __repr__(self) -> str:
         return (f"StochasticDepth(target_layer_name={self.target.__name__!r}, "
                 f"stochastic_method={self.stochastic_method!r}, drop_rate={self.drop_rate}, "
-                f"drop_distribution={self.drop_distribution!r}, drop_warmup={self.drop_warmup!r})")
+                f"drop_distribution={self.drop_distribution!r}, drop_warmup={self.drop_warmup!r}, "
+                f"scaling={self.scaling!r})")
 
 
 def _target_class(target_layer_name: str | type) -> type:
@@ -290,6 +331,12 @@ def _check_method_and_rate(stochastic_method: str, drop_rate: float) -> None:
         raise ValueError(f"stochastic_method={stochastic_method!r}: expected one of {STOCHASTIC_METHODS}")
     if isinstance(drop_rate, bool) or not isinstance(drop_rate, (int, float)) or not 0.0 <= drop_rate <= 1.0:
         raise ValueError(f"drop_rate={drop_rate!r}: expected a probability in [0, 1]")
+
+
+def _check_scaling(scaling: str) -> None:
+    if scaling not in SCALINGS:
+        raise ValueError(f"scaling={scaling!r}: expected 'eval' (Composer's: scale the branch by 1 - p in "
+                         "evaluation) or 'train' (inverted drop-path: scale kept branches by 1 / (1 - p) in training)")
 
 
 def _check_distribution(drop_distribution: str) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -10,7 +12,14 @@ import pytest
 from flax import nnx
 
 from composerjax import ArrayLoader, Callback, Trainer
-from composerjax.algorithms.swa import SWA, swa_update
+from composerjax.algorithms.swa import (
+    SWA,
+    advance_swa_learning_rate,
+    swa_learning_rate,
+    swa_update,
+    swalr_rate,
+)
+from composerjax.optim import LinearScheduler, learning_rate_states
 
 LR = 0.1
 BATCH = 16  # 64 samples: 4 batches per epoch
@@ -55,13 +64,13 @@ def mean_of(snapshots: list[dict]) -> dict:
     return jax.tree.map(lambda *leaves: np.mean(np.stack(leaves).astype(np.float64), axis=0), *snapshots)
 
 
-def sgd_step(params: dict, step: int) -> dict:
+def sgd_step(params: dict, step: int, lr: float = LR) -> dict:
     """One plain-JAX SGD step on batch ``step`` (0-based, unshuffled)."""
     x, y = regression_data()
     start = (step * BATCH) % len(x)
     xb, yb = x[start:start + BATCH], y[start:start + BATCH]
     grads = jax.grad(lambda p: jnp.mean((xb @ p["kernel"] + p["bias"] - yb) ** 2))(params)
-    return jax.tree.map(lambda p, g: p - LR * g, params, grads)
+    return jax.tree.map(lambda p, g: p - lr * g, params, grads)
 
 
 def assert_tree_close(actual, expected, rtol=1e-6, atol=1e-6) -> None:
@@ -116,11 +125,94 @@ def test_epoch_interval_updates_and_swaps_at_epoch_ends():
     assert trainer.compile_count == 1  # epoch updates run on the host: the plan never changes
 
 
+def torch_swalr_rates(lr: float, swa_lr: float, anneal_epochs: int, strategy: str, steps: int) -> list[float]:
+    """``group['lr']`` after construction and each ``step()`` of PyTorch's ``SWALR``, following its ``get_lr``.
+
+    The recursive form: each step recovers the starting rate from the current one, then re-anneals.
+    """
+    anneal = (lambda t: t) if strategy == "linear" else (lambda t: (1 - math.cos(math.pi * t)) / 2)
+    rates = []
+    for step in range(steps + 1):  # step = _step_count - 1; 0 is the step the constructor takes
+        prev_alpha = anneal(max(0.0, min(1.0, (step - 1) / max(1, anneal_epochs))))
+        initial = swa_lr if prev_alpha == 1 else (lr - prev_alpha * swa_lr) / (1 - prev_alpha)
+        alpha = anneal(max(0.0, min(1.0, step / max(1, anneal_epochs))))
+        lr = swa_lr * alpha + initial * (1 - alpha)
+        rates.append(lr)
+    return rates
+
+
+@pytest.mark.parametrize("strategy", ["linear", "cos"])
+def test_swalr_rate_is_torch_swalr(strategy):
+    expected = torch_swalr_rates(0.4, 0.05, 4, strategy, 7)
+    actual = [float(swalr_rate(0.4, 0.05, k, 4, strategy)) for k in range(8)]
+    np.testing.assert_allclose(actual, expected, rtol=1e-6)
+    assert actual[0] == pytest.approx(0.4) and actual[4:] == pytest.approx([0.05] * 4)
+    if strategy == "cos":  # the midpoint of a cosine anneal is the mean of the two rates
+        assert actual[2] == pytest.approx((0.4 + 0.05) / 2)
+
+
+@pytest.mark.parametrize("strategy", ["linear", "cos"])
+def test_swa_learning_rate_anneals_from_the_rate_at_the_first_advance(strategy):
+    optimizer = swa_learning_rate(optax.inject_hyperparams(optax.sgd)(learning_rate=0.3), 0.1, 3, strategy)
+    params = jnp.zeros(2)
+    state = optimizer.init(params)
+    rates, steps = [], []
+    for index in range(7):
+        updates, state = optimizer.update(jnp.ones(2), state, params)
+        rates.append(float(learning_rate_states(state)[0].hyperparams["learning_rate"]))
+        steps.append(-float(updates[0]))  # sgd: the update is -rate * gradient
+        if index >= 1:  # two plain steps, then an SWA update after every step
+            state = advance_swa_learning_rate(state)
+    torch_rates = torch_swalr_rates(0.3, 0.1, 3, strategy, 5)
+    expected = [0.3, 0.3] + torch_rates[1:]
+    np.testing.assert_allclose(rates, expected, rtol=1e-6)
+    np.testing.assert_allclose(steps, expected, rtol=1e-6)
+
+
+def test_swa_learning_rate_refuses_an_optimizer_without_an_injected_rate():
+    with pytest.raises(ValueError, match="inject_hyperparams"):
+        swa_learning_rate(optax.sgd(0.1), 0.01).init(jnp.zeros(2))
+
+
+class AppliedRates(Callback):
+    def __init__(self) -> None:
+        self.rates: list[float] = []
+
+    def batch_end(self, state, logger):  # the rate written into the state is the one the update used
+        self.rates.append(float(learning_rate_states(state.train_state.opt_state)[0].hyperparams["learning_rate"]))
+
+
+@pytest.mark.parametrize("strategy", ["linear", "cos"])
+def test_schedule_swa_lr_in_a_trainer_follows_swalr_from_the_scheduled_rate(strategy):
+    # 10 batches, the scheduler takes the rate from LR down to 0 linearly; SWA updates after batches
+    # 3, 5, 7, 9 (see the test above), each one a SWALR step: batch b uses k = updates done before it.
+    x, y = regression_data()
+    recorder, snapshots = AppliedRates(), Snapshots()
+    swa = SWA(swa_start="0.3dur", swa_end="1.0dur", update_interval="2ba", schedule_swa_lr=True,
+              anneal_strategy=strategy, anneal_steps=3, swa_lr=0.01)
+    trainer = Trainer(nnx.Linear(4, 1, rngs=nnx.Rngs(0)), ArrayLoader((x, y), BATCH, shuffle=False), "10ba",
+                      optax.inject_hyperparams(optax.sgd)(learning_rate=LR), loss_fn=mse, algorithms=[swa],
+                      callbacks=[recorder, snapshots], schedulers=[LinearScheduler()], progress_bar=False)
+    trainer.fit()
+    scheduled = [LR * (1 - step / 10) for step in range(10)]
+    lr_0 = scheduled[3]  # the scheduler's rate for the batch after the first update
+    done = [sum(update <= batch for update in (3, 5, 7, 9)) for batch in range(10)]
+    torch_rates = torch_swalr_rates(lr_0, 0.01, 3, strategy, 4)
+    expected = [scheduled[step] if done[step] == 0 else torch_rates[done[step]] for step in range(10)]
+    np.testing.assert_allclose(recorder.rates, expected, rtol=1e-5)
+    params = jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), snapshots.trained[0])
+    for step in range(1, 10):  # the weights moved with exactly these rates
+        params = sgd_step(params, step, expected[step])
+        assert_tree_close(snapshots.trained[step], params, rtol=1e-5)
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"schedule_swa_lr": True}, "schedule_swa_lr=True"),
-        ({"swa_lr": 0.01}, "swa_lr=0.01"),
+        ({"schedule_swa_lr": "yes"}, "schedule_swa_lr='yes'"),
+        ({"swa_lr": -0.01}, "swa_lr=-0.01"),
+        ({"anneal_strategy": "step"}, "anneal_strategy='step'"),
+        ({"anneal_steps": 0}, "anneal_steps=0"),
         ({"swa_start": "5ba"}, "swa_start='5ba'"),
         ({"swa_start": "2ep", "swa_end": "0.9dur"}, "same unit"),
         ({"swa_start": "0.9dur", "swa_end": "0.5dur"}, "swa_end='0.5dur'"),
@@ -132,3 +224,25 @@ def test_epoch_interval_updates_and_swaps_at_epoch_ends():
 def test_bad_arguments_raise(kwargs, message):
     with pytest.raises(ValueError, match=message):
         SWA(**kwargs)
+
+
+def test_composer_defaults_and_strategy_aliases():
+    swa = SWA()
+    assert (str(swa.swa_start), str(swa.swa_end), str(swa.update_interval)) == ("0.7dur", "0.97dur", "1ep")
+    assert (swa.schedule_swa_lr, swa.anneal_strategy, swa.anneal_steps, swa.swa_lr) == (False, "linear", 10, None)
+    assert SWA(anneal_strategy="Cosine").anneal_strategy == "cos"
+    assert SWA(anneal_strategy="lin").anneal_strategy == "linear"
+
+
+def test_schedule_swa_lr_with_epoch_updates_and_no_scheduler():
+    # 4 epochs of 4 batches; SWA updates after epochs 1, 2, 3: epoch e uses k = e - 1 SWALR steps.
+    x, y = regression_data()
+    recorder = AppliedRates()
+    swa = SWA(swa_start="1ep", swa_end="3ep", update_interval="1ep", schedule_swa_lr=True, anneal_steps=2,
+              swa_lr=0.02)
+    trainer = Trainer(nnx.Linear(4, 1, rngs=nnx.Rngs(0)), ArrayLoader((x, y), BATCH, shuffle=False), "4ep",
+                      optax.inject_hyperparams(optax.sgd)(learning_rate=LR), loss_fn=mse, algorithms=[swa],
+                      callbacks=[recorder], progress_bar=False)
+    trainer.fit()
+    per_epoch = [LR, 0.5 * 0.02 + 0.5 * LR, 0.02, 0.02]
+    np.testing.assert_allclose(recorder.rates, np.repeat(per_epoch, 4), rtol=1e-6)
