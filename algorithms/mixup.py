@@ -53,7 +53,8 @@ def mixup_batch(
 ) -> tuple[jax.Array, jax.Array]:
     """Return ``(mixing * input + (1 - mixing) * input[indices], target[indices])``.
 
-    The mixed input keeps ``input``'s dtype; the permuted targets are what the mixed-in examples
+    The mixed input keeps a floating ``input``'s dtype; integer inputs (e.g. uint8 images) come back
+    as float32 rather than truncated, as Composer's do (as float); the permuted targets are what the mixed-in examples
     were labelled, for interpolating targets (:func:`mixup_targets`) or losses.
 
     Args:
@@ -69,7 +70,8 @@ def mixup_batch(
         ([[1.0], [3.0]], [1, 0])
     """
     mixed = mixing * input + (1.0 - mixing) * input[indices]
-    return mixed.astype(input.dtype), target[indices]
+    dtype = input.dtype if jnp.issubdtype(input.dtype, jnp.floating) else jnp.float32
+    return mixed.astype(dtype), target[indices]
 
 
 def mixup_targets(

@@ -48,8 +48,9 @@ class SqueezeExcite2d(nnx.Module):
 
     def __init__(self, num_features: int, latent_channels: float = 64, *, rngs: nnx.Rngs) -> None:
         latent = latent_width(num_features, latent_channels)
-        self.squeeze = nnx.Linear(num_features, latent, rngs=rngs)
-        self.excite = nnx.Linear(latent, num_features, rngs=rngs)
+        # Without biases, as Composer's SqueezeExcite2d.
+        self.squeeze = nnx.Linear(num_features, latent, use_bias=False, rngs=rngs)
+        self.excite = nnx.Linear(latent, num_features, use_bias=False, rngs=rngs)
 
     def gates(self, x: jax.Array) -> jax.Array:
         """The ``(N, C)`` channel gates in (0, 1) for activations ``x`` of shape ``(N, ..., C)``."""

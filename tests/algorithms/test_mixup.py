@@ -182,3 +182,11 @@ def test_interpolated_loss_needs_a_composer_model():
 def test_bad_arguments_raise_value_error_naming_them(kwargs, message):
     with pytest.raises(ValueError, match=message):
         MixUp(**kwargs)
+
+
+def test_integer_inputs_are_mixed_into_floats_not_truncated():
+    images = jnp.array([[0], [255]], jnp.uint8)
+    mixed, _ = mixup_batch(images, jnp.array([0, 1]), 0.75, jnp.array([1, 0]))
+    assert mixed.dtype == jnp.float32 and mixed.tolist() == [[63.75], [191.25]]
+    bf16, _ = mixup_batch(images.astype(jnp.bfloat16), jnp.array([0, 1]), 0.5, jnp.array([1, 0]))
+    assert bf16.dtype == jnp.bfloat16

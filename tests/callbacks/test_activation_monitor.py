@@ -1,4 +1,4 @@
-"""ActivationMonitor: per-layer statistics from inside the step equal a plain-jax recomputation."""
+"""ActivationMonitor: Composer's per-layer statistics from inside the step equal a plain-numpy recomputation."""
 
 import jax
 import numpy as np
@@ -6,8 +6,9 @@ import optax
 import pytest
 from flax import nnx
 
-from composerjax import ArrayLoader, Callback, ComposerClassifier, LoggerDestination, Trainer
-from composerjax.callbacks.activation_monitor import ActivationMonitor, activation_statistics
+from composerjax import ArrayLoader, Callback, ComposerClassifier, LoggerDestination, Time, Trainer
+from composerjax.callbacks.activation_monitor import ActivationMonitor, activation_statistics, layer_activations
+from composerjax.loggers.wandb_logger import WandBLogger
 
 
 class MLP(nnx.Module):
@@ -37,44 +38,93 @@ class CopyParamsAndBatch(Callback):
         self.inputs[state.timestamp.batch.value + 1] = (jax.device_get(state.params), np.array(state.batch[0]))
 
 
-def expected_statistics(params, x) -> dict[str, dict[str, float]]:
+def composer_statistics(a: np.ndarray) -> dict[str, float]:
+    """Composer's formulas (activation_monitor.py), in numpy: each over the last axis, then the mean."""
+    diffs = a - a.mean(-1, keepdims=True)
+    kurtosis = (diffs ** 4).mean(-1) / ((diffs ** 2).mean(-1) ** 2)
+    return {"l2_norm": float(np.linalg.norm(a, axis=-1).mean()), "average": float(a.mean()),
+            "kurtosis": float(kurtosis.mean()), "max": float(a.max(-1).mean())}
+
+
+def expected_statistics(params, x) -> dict[str, float]:
     hidden = x @ params["module"]["hidden"]["kernel"] + params["module"]["hidden"]["bias"]
-    logits = np.maximum(hidden, 0) @ params["module"]["out"]["kernel"] + params["module"]["out"]["bias"]
-    return {path: {"mean": float(a.mean()), "max_abs": float(np.abs(a).max()), "l2_norm": float(np.sqrt((a**2).sum()))}
-            for path, a in (("module/hidden", hidden), ("module/out", logits))}
+    relu = np.maximum(hidden, 0)
+    logits = relu @ params["module"]["out"]["kernel"] + params["module"]["out"]["bias"]
+    arrays = {"module.hidden_input.0": x, "module.hidden_output.0": hidden, "module.out_input.0": relu,
+              "module.out_output.0": logits}
+    return {f"activations/{stat}/{name}": value for name, a in arrays.items()
+            for stat, value in composer_statistics(a).items()}
 
 
-def run(classification_arrays, monitor, **trainer_kwargs):
+def run(classification_arrays, monitor, loggers_extra=(), **trainer_kwargs):
     x, y = classification_arrays
     recorder, copier = MetricRecorder(), CopyParamsAndBatch()
     trainer = Trainer(ComposerClassifier(MLP(nnx.Rngs(0)), num_classes=2), ArrayLoader((x, y), batch_size=16),
                       max_duration="6ba", optimizers=optax.sgd(0.5), callbacks=[monitor, copier],
-                      loggers=[recorder], progress_bar=False, run_summary=False, log_interval=2, **trainer_kwargs)
+                      loggers=[recorder, *loggers_extra], progress_bar=False, run_summary=False, log_interval=2,
+                      **trainer_kwargs)
     trainer.fit()
     return trainer, recorder, copier
 
 
-def test_layer_statistics_equal_a_plain_recomputation_at_every_step(classification_arrays):
-    trainer, recorder, copier = run(classification_arrays, ActivationMonitor())
+def test_layer_statistics_equal_composers_formulas_every_interval(classification_arrays):
+    trainer, recorder, copier = run(classification_arrays, ActivationMonitor(interval=2))
     assert sorted(recorder.rows) == [1, 2, 3, 4, 5, 6]
-    names = sorted(name for name in recorder.rows[1] if name.startswith("train/activations/"))
-    assert names == [f"train/activations/module/{layer}/{stat}" for layer in ("hidden", "out")
-                     for stat in ("l2_norm", "max_abs", "mean")]
-    for step, row in recorder.rows.items():
+    logged = {step: {name: value for name, value in row.items() if "activations" in name}
+              for step, row in recorder.rows.items()}
+    # As Composer: the batches that start at a multiple of the interval (0, 2, 4 done) = batches 1, 3, 5.
+    assert [step for step, row in logged.items() if row] == [1, 3, 5]
+    for step in (1, 3, 5):
         params, x = copier.inputs[step]
-        for path, stats in expected_statistics(params, x).items():
-            for stat, value in stats.items():
-                assert row[f"train/activations/{path}/{stat}"] == pytest.approx(value, rel=1e-5, abs=1e-6)
+        expected = {f"train/{name}": value for name, value in expected_statistics(params, x).items()}
+        assert sorted(logged[step]) == sorted(expected)
+        for name, value in expected.items():
+            assert logged[step][name] == pytest.approx(value, rel=1e-4, abs=1e-5)
     assert trainer.compile_count == 1
     assert nnx.Linear.__call__.__name__ == "__call__" and not hasattr(nnx.Linear.__call__, "__wrapped__")
 
 
+def test_composer_defaults_and_epoch_interval(classification_arrays):
+    monitor = ActivationMonitor()
+    assert (monitor.interval, monitor.ignore_module_types, monitor.only_log_wandb) == (Time(25, "ba"), (), True)
+    x, y = classification_arrays
+    recorder = MetricRecorder()
+    Trainer(ComposerClassifier(MLP(nnx.Rngs(0)), num_classes=2), ArrayLoader((x, y), batch_size=16),
+            max_duration="4ep", callbacks=[ActivationMonitor(interval="2ep")], loggers=[recorder],
+            progress_bar=False, run_summary=False, log_interval=1).fit()
+    # 4 batches per epoch: the first batch of epochs 0 and 2 (batches 1 and 9).
+    assert [step for step, row in sorted(recorder.rows.items()) if any("activations" in k for k in row)] == [1, 9]
+
+
 def test_microbatches_average_the_means(classification_arrays):
-    _, recorder, copier = run(classification_arrays, ActivationMonitor(), device_train_microbatch_size=8)
+    _, recorder, copier = run(classification_arrays, ActivationMonitor(interval=1), device_train_microbatch_size=8)
     params, x = copier.inputs[3]
     expected = expected_statistics(params, x)
-    assert recorder.rows[3]["train/activations/module/hidden/mean"] == pytest.approx(
-        expected["module/hidden"]["mean"], rel=1e-5)
+    assert recorder.rows[3]["train/activations/average/module.hidden_output.0"] == pytest.approx(
+        expected["activations/average/module.hidden_output.0"], rel=1e-5)
+
+
+def test_only_log_wandb_sends_the_statistics_to_wandb_alone(classification_arrays, tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+
+    class RecordingWandB(WandBLogger):
+        def __init__(self) -> None:
+            super().__init__(init_kwargs={"dir": str(tmp_path), "mode": "offline"})
+            self.rows: dict[int, dict[str, float]] = {}
+
+        def log_metrics(self, metrics, step=None):
+            self.rows.setdefault(step, {}).update(metrics)
+
+    wandb_logger = RecordingWandB()
+    _, recorder, copier = run(classification_arrays, ActivationMonitor(interval=4), loggers_extra=[wandb_logger])
+    assert not any("activations" in name for row in recorder.rows.values() for name in row)
+    activations = {step: {k: v for k, v in row.items() if k.startswith("activations/")}
+                   for step, row in wandb_logger.rows.items()}
+    assert [step for step, row in activations.items() if row] == [1, 5]
+    params, x = copier.inputs[5]
+    for name, value in expected_statistics(params, x).items():
+        assert activations[5][name] == pytest.approx(value, rel=1e-4, abs=1e-5)
 
 
 def test_ignored_module_types_are_left_out(classification_arrays):
@@ -85,25 +135,34 @@ def test_ignored_module_types_are_left_out(classification_arrays):
     model = ComposerClassifier(MLP(nnx.Rngs(0)), num_classes=2)
     model.module.out = Output(8, 2, rngs=nnx.Rngs(1))
     recorder = MetricRecorder()
-    Trainer(model, ArrayLoader((x, y), batch_size=16), max_duration="2ba", callbacks=[ActivationMonitor((Output,))],
-            loggers=[recorder], progress_bar=False, run_summary=False).fit()
-    assert sorted(name for name in recorder.rows[2] if "activations" in name) == [
-        "train/activations/module/hidden/l2_norm", "train/activations/module/hidden/max_abs",
-        "train/activations/module/hidden/mean"]
+    Trainer(model, ArrayLoader((x, y), batch_size=16), max_duration="2ba",
+            callbacks=[ActivationMonitor(1, (Output,))], loggers=[recorder], progress_bar=False,
+            run_summary=False).fit()
+    assert {name.split("/")[3] for name in recorder.rows[2] if "activations" in name} == {
+        "module.hidden_input.0", "module.hidden_output.0"}
     assert "__call__" not in Output.__dict__
+    # Composer's meaning of strings: module paths that contain them.
+    recorder = MetricRecorder()
+    Trainer(ComposerClassifier(MLP(nnx.Rngs(0)), num_classes=2), ArrayLoader((x, y), batch_size=16),
+            max_duration="2ba", callbacks=[ActivationMonitor(1, ["hid"])], loggers=[recorder], progress_bar=False,
+            run_summary=False).fit()
+    assert {name.split("/")[3] for name in recorder.rows[2] if "activations" in name} == {
+        "module.out_input.0", "module.out_output.0"}
 
 
-def test_activation_statistics_pool_every_call_and_skip_integer_leaves():
-    stats = activation_statistics([np.array([1.0, -3.0]), (np.array([2.0]), np.array([7], np.int32))])
-    assert {k: float(v) for k, v in stats.items()} == pytest.approx(
-        {"mean": 0.0, "max_abs": 3.0, "l2_norm": np.sqrt(14.0)})
-    with pytest.raises(ValueError, match="no floating-point arrays"):
-        activation_statistics([np.array([1], np.int32)])
+def test_activation_statistics_and_names_follow_composer():
+    a = np.array([[1.0, -3.0, 0.5], [2.0, 2.5, -1.0]], np.float32)
+    stats = {k: float(v) for k, v in activation_statistics(a).items()}
+    assert stats == pytest.approx(composer_statistics(a.astype(np.float64)), rel=1e-6)
+    arrays = layer_activations("m.fc", (a, [a, np.ones(2, np.int32)], None), (a, a))
+    assert sorted(arrays) == ["m.fc_0_input.1", "m.fc_input.0", "m.fc_output.0", "m.fc_output.1"]
 
 
 def test_invalid_ignore_module_types_name_the_argument():
     with pytest.raises(ValueError, match=r"ignore_module_types\[0\]=<class 'int'>"):
         ActivationMonitor(ignore_module_types=[int])
+    with pytest.raises(ValueError, match=r"interval='3sp'"):
+        ActivationMonitor(interval="3sp")
 
 
 class ScannedCell(nnx.Module):
@@ -123,8 +182,8 @@ def test_layers_inside_a_scan_of_the_model_are_skipped_with_a_warning(classifica
     x, y = classification_arrays
     recorder = MetricRecorder()
     Trainer(ComposerClassifier(ScannedCell(nnx.Rngs(0)), num_classes=2), ArrayLoader((x, y), batch_size=16),
-            max_duration="2ba", callbacks=[ActivationMonitor()], loggers=[recorder], progress_bar=False,
+            max_duration="2ba", callbacks=[ActivationMonitor(1)], loggers=[recorder], progress_bar=False,
             run_summary=False).fit()
-    layers = {name.split("/")[3] for name in recorder.rows[2] if "activations" in name}
-    assert layers == {"inp", "out"}
-    assert "no statistics for module/cell" in caplog.text
+    layers = {name.split("/")[3].split("_")[0] for name in recorder.rows[2] if "activations" in name}
+    assert layers == {"module.inp", "module.out"}
+    assert "no statistics for module.cell" in caplog.text
