@@ -1,10 +1,11 @@
-"""Exponential moving average (EMA) of the weights, kept on the device and swapped in for evaluation.
+"""Exponential moving average (EMA) of the weights and buffers, kept on the device and swapped in for evaluation.
 
 The functional form is :func:`compute_ema` (``optax.incremental_update``). :class:`EMA` keeps the
-averaged weights in its device state, updates them inside the compiled step at
+averaged weights, and as Composer the averaged buffers (the model's other floating-point state,
+e.g. batch-norm running statistics), in its device state, updates them inside the compiled step at
 ``AFTER_OPTIMIZER_STEP`` (batch intervals) or on the host at ``EPOCH_END`` (epoch intervals), and
-swaps them in for evaluation. As in Composer, the trained weights stay in the model after ``fit``;
-read the averaged ones with :meth:`EMA.ema_params`.
+swaps them in for evaluation. As in Composer, the trained values stay in the model after ``fit``;
+read the averaged ones with :meth:`EMA.ema_params` and :meth:`EMA.ema_buffers`.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from flax import nnx
 from composerjax import Algorithm, Event, Logger, State, Time, Timestamp, TimeUnit
 from composerjax.algorithms.schedule_times import after_this_batch, parse_schedule_time, reached
 
-__all__ = ["EMA", "compute_ema", "ema_decay"]
+__all__ = ["EMA", "compute_ema", "ema_decay", "model_buffers"]
 
 
 def compute_ema(params: Any, ema_params: Any, decay: float | jax.Array) -> Any:
@@ -55,30 +56,58 @@ def ema_decay(half_life: Time | str, update_interval: Time | str) -> float:
     return 0.5 ** (update_interval.value / half_life.value)
 
 
-def _update(own: dict[str, Any], params: Any, decay: float | jax.Array) -> dict[str, Any]:
-    """One EMA update of the device state; the first update after the start copies the weights."""
+def _is_buffer(path: tuple[Any, ...], value: Any) -> bool:
+    """A floating-point model variable that is neither a parameter nor RNG state (Composer's buffers)."""
+    del path
+    if not isinstance(value, nnx.Variable) or isinstance(value, (nnx.Param, nnx.RngState)):
+        return False
+    return jnp.issubdtype(jnp.result_type(value.get_value()), jnp.floating)
+
+
+def model_buffers(model: nnx.Module) -> dict[str, Any]:
+    """The variables EMA averages besides the weights, as a nested dict like ``nnx.to_pure_dict``.
+
+    Composer averages every buffer of the module (``named_buffers``) with the weights: here, every
+    floating-point variable that is not an ``nnx.Param`` nor RNG state, e.g. ``nnx.BatchStat``.
+
+    Example:
+        >>> bn = nnx.Sequential(nnx.Linear(2, 2, rngs=nnx.Rngs(0)), nnx.BatchNorm(2, rngs=nnx.Rngs(0)))
+        >>> jax.tree.map(lambda a: a.tolist(), model_buffers(bn))
+        {'layers': {1: {'mean': [0.0, 0.0], 'var': [1.0, 1.0]}}}
+    """
+    return nnx.to_pure_dict(nnx.state(model, _is_buffer))
+
+
+def _update(own: dict[str, Any], params: Any, buffers: Any, decay: float | jax.Array) -> dict[str, Any]:
+    """One EMA update of the device state; the first update after the start copies the weights and buffers."""
     decay = jnp.where(own["started"], decay, 0.0)
-    return {"params": compute_ema(params, own["params"], decay), "started": jnp.asarray(True)}
+    return {"params": compute_ema(params, own["params"], decay), "buffers": compute_ema(buffers, own["buffers"], decay),
+            "started": jnp.asarray(True)}
 
 
 _update_on_device = jax.jit(_update)
 
 
 class EMA(Algorithm):
-    """Keep an exponential moving average of the weights and evaluate with it.
+    """Keep an exponential moving average of the weights and buffers and evaluate with it.
 
     ``ema = smoothing * ema + (1 - smoothing) * weights`` every ``update_interval`` once training
     has reached ``ema_start``; the first update copies the weights (the average starts there).
-    ``smoothing`` comes from ``half_life``: ``0.5 ** (update_interval / half_life)``.
+    ``smoothing`` comes from ``half_life``: ``0.5 ** (update_interval / half_life)``. As in
+    Composer, the model's buffers (:func:`model_buffers`: floating-point state that is not a
+    parameter nor RNG state, e.g. batch-norm running statistics) are averaged the same way, so
+    evaluation pairs averaged weights with averaged statistics.
 
     Events: the average lives in the device state ``state.algorithm_state['EMA']``
-    (``{'params': ..., 'started': ...}``, initialised with a copy of the initial weights).
+    (``{'params': ..., 'buffers': ..., 'started': ...}``, initialised with a copy of the initial
+    weights and buffers; checkpointed with the train state).
     Batch intervals update it inside the compiled step at ``AFTER_OPTIMIZER_STEP`` (traced; the update
     batches are chosen on the host in ``match``, so at most two compiled steps); epoch intervals
     update it on the host at ``EPOCH_END``. At ``EVAL_START`` (host) the averaged weights replace
-    ``state.params`` and at ``EVAL_END`` the trained ones come back, bit for bit (evaluation before
-    the average has started uses the trained weights). After ``fit`` the model keeps the trained
-    weights, as in Composer: get the average with :meth:`ema_params`.
+    ``state.params`` (and the averaged buffers the model's, through ``state.update_model()``) and at
+    ``EVAL_END`` the trained ones come back, bit for bit (evaluation before the average has started
+    uses the trained values). After ``fit`` the model keeps the trained values, as in Composer: get
+    the average with :meth:`ema_params` and :meth:`ema_buffers`.
 
     Args:
         half_life: the time (``'ba'`` or ``'ep'``, a whole number) after which an old weight's
@@ -133,14 +162,17 @@ class EMA(Algorithm):
         self.smoothing = float(smoothing) if smoothing is not None else ema_decay(self.half_life, self.update_interval)
         self._started = False
         self._training_params: Any = None
+        self._training_buffers: Any = None
         self._every_batch = (self.update_interval.unit is TimeUnit.BATCH and self.update_interval.value == 1
                              and self.ema_start.value == 0)
 
     # -- device state ----------------------------------------------------------------------------
     def init_state(self, state: State) -> dict[str, Any]:
-        """A copy of the initial weights (the structure of ``state.params``) and a not-started flag."""
-        params = nnx.to_pure_dict(nnx.split(state.model, nnx.Param, ...)[1])
-        return {"params": jax.tree.map(jnp.array, params), "started": jnp.asarray(False)}
+        """A copy of the initial weights (like ``state.params``) and buffers, and a not-started flag."""
+        model = state.model
+        params = nnx.to_pure_dict(nnx.split(model, nnx.Param, ...)[1])
+        return {"params": jax.tree.map(jnp.array, params), "buffers": jax.tree.map(jnp.array, model_buffers(model)),
+                "started": jnp.asarray(False)}
 
     def ema_params(self, state: State) -> Any:
         """The averaged weights: a nested dict like ``state.params`` (device arrays).
@@ -149,6 +181,14 @@ class EMA(Algorithm):
         a module.
         """
         return state.algorithm_state[self.name]["params"]
+
+    def ema_buffers(self, state: State) -> Any:
+        """The averaged buffers (e.g. batch-norm statistics): a nested dict like :func:`model_buffers`.
+
+        Empty for a model without buffers. ``nnx.update(model, nnx.State(ema.ema_buffers(state)))``
+        loads them into a module.
+        """
+        return state.algorithm_state[self.name]["buffers"]
 
     # -- events ----------------------------------------------------------------------------------
     events = frozenset({Event.AFTER_OPTIMIZER_STEP, Event.BATCH_END, Event.EPOCH_END, Event.EVAL_START, Event.EVAL_END,
@@ -197,20 +237,38 @@ class EMA(Algorithm):
 
     def apply(self, event: Event, state: State, logger: Logger) -> None:
         """Update the average, or swap the averaged weights in and out around evaluation."""
-        if event == Event.AFTER_OPTIMIZER_STEP:  # traced
-            state.algorithm_state[self.name] = _update(state.algorithm_state[self.name], state.params, self.smoothing)
+        if event == Event.AFTER_OPTIMIZER_STEP:  # traced: state.model holds the new weights and statistics
+            state.algorithm_state[self.name] = _update(state.algorithm_state[self.name], state.params,
+                                                       model_buffers(state.model), self.smoothing)
         elif event == Event.BATCH_END:
             self._started = True  # the step that just ran made the first update
         elif event == Event.EPOCH_END:
-            own = _update_on_device(state.algorithm_state[self.name], state.params, self.smoothing)
+            own = _update_on_device(state.algorithm_state[self.name], state.params, model_buffers(state.model),
+                                    self.smoothing)
             state.algorithm_state = {**state.algorithm_state, self.name: own}
             self._started = True
         elif event == Event.EVAL_START:
             self._training_params = state.params
             state.params = self.ema_params(state)
+            averaged = self.ema_buffers(state)
+            if jax.tree.leaves(averaged):
+                # Own copies: the model's buffers go into the train state, which a train step donates.
+                self._training_buffers = self._swap_buffers(state, jax.tree.map(jnp.copy, averaged))
         elif self._training_params is not None:  # EVAL_END, or BATCH_START after an evaluation that did not finish
             state.params = self._training_params
             self._training_params = None
+            if self._training_buffers is not None:
+                self._swap_buffers(state, self._training_buffers)
+                self._training_buffers = None
+
+    @staticmethod
+    def _swap_buffers(state: State, buffers: Any) -> Any:
+        """Put ``buffers`` into the model (taken by the next step) and return the ones it held."""
+        model = state.model  # reading it merges the latest device values (the parameters just set included)
+        held = model_buffers(model)
+        nnx.update(model, nnx.State(buffers))
+        state.update_model()
+        return held
 
     def _updates_at(self, timestamp: Timestamp, state: State) -> bool:
         """Whether the average is updated at ``timestamp`` (the clock right after a batch or an epoch)."""

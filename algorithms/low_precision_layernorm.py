@@ -1,8 +1,10 @@
-"""Low-precision LayerNorm: run every LayerNorm in bf16 (or fp16) while the weights stay float32.
+"""Low-precision LayerNorm: run every LayerNorm in the run's bf16 compute dtype while the weights stay float32.
 
 The layer's input, scale and bias are cast to the low-precision dtype, the normalisation runs
 there, and the result is cast back to the input's dtype. Halving the bytes a memory-bound
 LayerNorm moves is the speedup; the parameters (and the optimizer state) stay in their own dtype.
+As in Composer the algorithm follows the run's precision: it converts the LayerNorms of an
+``'amp_bf16'`` (or ``'bf16'``) run and has no effect, with a warning, in an ``'fp32'`` run.
 """
 
 from __future__ import annotations
@@ -19,13 +21,57 @@ from composerjax import Algorithm, Event, Logger, State
 from composerjax.models.surgery import replace_modules
 
 __all__ = [
+    "SURGERY_EVENTS",
     "LPLayerNorm",
     "LowPrecisionLayerNorm",
     "apply_low_precision_layernorm",
+    "low_precision_dtype",
     "low_precision_layer_norm",
+    "surgery_event",
 ]
 
-_DTYPES = {"bf16": jnp.bfloat16, "fp16": jnp.float16}
+#: The low-precision compute dtype of each precision name (Composer's amp names and this project's).
+_DTYPES = {"amp_bf16": jnp.bfloat16, "bf16": jnp.bfloat16, "amp_fp16": jnp.float16, "fp16": jnp.float16}
+#: The events at which Composer's low-precision norm algorithms may do their surgery.
+SURGERY_EVENTS = (Event.INIT, Event.BEFORE_LOAD, Event.AFTER_LOAD)
+
+
+def low_precision_dtype(precision: str, argument: str = "precision") -> Any:
+    """The dtype a low-precision norm computes in for ``precision``; None for ``'fp32'`` (no effect).
+
+    Raises:
+        ValueError: naming ``argument``, for a precision that is not one of ``'fp32'``,
+            ``'amp_bf16'``, ``'bf16'``, ``'amp_fp16'`` or ``'fp16'``.
+
+    Example:
+        >>> low_precision_dtype('amp_bf16'), low_precision_dtype('fp32')
+        (<class 'jax.numpy.bfloat16'>, None)
+    """
+    if precision == "fp32":
+        return None
+    if precision not in _DTYPES:
+        raise ValueError(f"{argument}={precision!r}: expected one of 'fp32', {', '.join(map(repr, _DTYPES))}")
+    return _DTYPES[precision]
+
+
+def surgery_event(apply_at: Event | str, algorithm: str) -> Event:
+    """``apply_at`` as an Event, checked to be one of :data:`SURGERY_EVENTS` (as Composer checks it).
+
+    Raises:
+        ValueError: naming the value and the accepted events.
+
+    Example:
+        >>> surgery_event('after_load', 'LowPrecisionLayerNorm')
+        <Event.AFTER_LOAD: 'after_load'>
+    """
+    try:
+        event = Event(apply_at)
+    except ValueError:
+        event = None
+    if event not in SURGERY_EVENTS:
+        accepted = ", ".join(f"Event.{e.name} ({e.value!r})" for e in SURGERY_EVENTS)
+        raise ValueError(f"{algorithm}(apply_at={apply_at!r}): expected one of {accepted}")
+    return event
 
 
 def low_precision_layer_norm(
@@ -89,24 +135,24 @@ def _supported(layer_norm: nnx.LayerNorm) -> bool:
     return layer_norm.feature_axes in (-1, (-1,)) and layer_norm.axis_name is None
 
 
-def _dtype_for(precision: Any) -> Any:
-    if precision not in _DTYPES:
-        raise ValueError(f"precision={precision!r}: expected one of {sorted(_DTYPES)}")
-    return _DTYPES[precision]
-
-
-def apply_low_precision_layernorm(model: nnx.Module, precision: str = "bf16") -> int:
+def apply_low_precision_layernorm(model: nnx.Module, precision: str = "amp_bf16") -> int:
     """Replace every ``nnx.LayerNorm`` of ``model`` by an ``LPLayerNorm`` computing in ``precision``; return how many.
 
+    ``precision`` is a run precision: ``'amp_bf16'`` / ``'bf16'`` compute in bfloat16, ``'amp_fp16'`` /
+    ``'fp16'`` in float16; ``'fp32'`` changes nothing and warns, as Composer's functional form does.
     LayerNorms with parameters on an axis other than the last, or with cross-device statistics
     (``axis_name``), are left alone.
 
     Example:
         >>> model = nnx.Sequential(nnx.Linear(4, 4, rngs=nnx.Rngs(0)), nnx.LayerNorm(4, rngs=nnx.Rngs(0)))
-        >>> apply_low_precision_layernorm(model)
+        >>> apply_low_precision_layernorm(model, 'amp_bf16')
         1
     """
-    dtype = _dtype_for(precision)
+    dtype = low_precision_dtype(precision)
+    if dtype is None:
+        warnings.warn("Low precision LayerNorm only applies to low-precision runs (precision='amp_bf16' or "
+                      "'bf16'); precision='fp32': no LayerNorm replaced", UserWarning, stacklevel=2)
+        return 0
     replaced = 0
 
     def to_low_precision(layer_norm: nnx.LayerNorm) -> nnx.Module:
@@ -121,39 +167,56 @@ def apply_low_precision_layernorm(model: nnx.Module, precision: str = "bf16") ->
 
 
 class LowPrecisionLayerNorm(Algorithm):
-    """Run every ``nnx.LayerNorm`` in bf16 (weights stay float32), applied at INIT after other surgery.
+    """Run every ``nnx.LayerNorm`` in the run's low-precision dtype (weights stay float32): surgery at ``apply_at``.
 
-    Runs once at ``Event.INIT`` (host): surgery on ``state.model``. ``run_last = True`` so the
-    default passes order it after every other INIT algorithm, and it also converts LayerNorms that
-    other surgery creates. For mixed precision of the whole model use ``Trainer(precision='bf16')``;
-    this algorithm makes only the LayerNorms low precision (in an fp32 run), or keeps them there
-    explicitly (in a bf16 run). Logs ``low_precision_layernorm/num_replacements``.
+    As Composer's, it follows the run's precision: under ``Trainer(precision='amp_bf16')`` (or
+    ``'bf16'``) every LayerNorm becomes an ``LPLayerNorm`` that computes in bfloat16; in an
+    ``'fp32'`` run it has no effect and warns. ``precision='bf16'`` (or ``'fp16'``) forces that dtype
+    whatever the run's precision (e.g. low-precision LayerNorms in an fp32 run).
+
+    ``run_last = True``: the default passes order it after every other algorithm at its event, so at
+    ``INIT`` it also converts LayerNorms that other surgery creates. At ``BEFORE_LOAD`` /
+    ``AFTER_LOAD`` (after the device state is built) it hands the edited model back with
+    ``state.update_model()``. Logs ``low_precision_layernorm/num_replacements``.
 
     Args:
-        precision: ``'bf16'`` (default) or ``'fp16'``.
+        apply_at: the event of the surgery: ``Event.INIT`` (default), ``Event.BEFORE_LOAD`` or
+            ``Event.AFTER_LOAD`` (or their names, ``'init'``...), as in Composer.
+        precision: None (default, Composer's behaviour): the run's precision decides. ``'bf16'`` or
+            ``'fp16'``: always that dtype.
 
     Example::
 
         trainer = Trainer(ComposerClassifier(TinyGPT(rngs=nnx.Rngs(0)), 256), loader, '1ep',
-                          algorithms=[LowPrecisionLayerNorm()])
+                          precision='amp_bf16', algorithms=[LowPrecisionLayerNorm()])
     """
 
     required_modules = (nnx.LayerNorm,)
 
     run_last = True
 
-    def __init__(self, precision: str = "bf16") -> None:
-        self.dtype = _dtype_for(precision)
+    def __init__(self, apply_at: Event | str = Event.INIT, precision: str | None = None) -> None:
+        self.apply_at = surgery_event(apply_at, "LowPrecisionLayerNorm")
+        if precision is not None and low_precision_dtype(precision) is None:
+            raise ValueError(f"precision={precision!r}: expected None (follow the run's precision), 'bf16' or 'fp16'")
         self.precision = precision
-
-    events = frozenset({Event.INIT})
+        self.events = frozenset({self.apply_at})
 
     def apply(self, event: Event, state: State, logger: Logger) -> None:
-        replaced = apply_low_precision_layernorm(state.model, self.precision)
+        precision = self.precision or state.precision
+        if low_precision_dtype(precision) is None:
+            warnings.warn("LowPrecisionLayerNorm had no effect: it applies only to low-precision runs "
+                          "(Trainer(precision='amp_bf16') or 'bf16'); this run is 'fp32' (pass precision='bf16' "
+                          "to force it)", UserWarning, stacklevel=2)
+            return
+        built = state.train_state is not None
+        replaced = apply_low_precision_layernorm(state.model, precision)
+        if built and replaced:
+            state.update_model()
         logger.log_hyperparameters({"low_precision_layernorm/num_replacements": replaced})
         if replaced == 0:
             warnings.warn("LowPrecisionLayerNorm had no effect: the model has no nnx.LayerNorm", UserWarning,
                           stacklevel=2)
 
     def __repr__(self) -> str:
-        return f"LowPrecisionLayerNorm(precision={self.precision!r})"
+        return f"LowPrecisionLayerNorm(apply_at={self.apply_at}, precision={self.precision!r})"

@@ -154,6 +154,8 @@ class Trainer:
             ``runs/<run_name>`` by default. Created by whoever writes first.
         run_summary: log and print a run summary at the first FIT_START and one line per compiled
             step variant (compile time, FLOPs, memory); every variant is in ``state.compiled_steps``.
+        auto_log_hparams: log ``trainer.hparams`` (the run's settings) to every logger at the first
+            FIT_START, as Composer's ``auto_log_hparams``.
 
     Example:
         >>> import numpy as np, optax
@@ -198,6 +200,7 @@ class Trainer:
         parallelism: str | ParallelismConfig = "auto",
         accelerator: str = "auto",
         run_summary: bool = True,
+        auto_log_hparams: bool = False,
         run_dir: str | None = None,
         tokens_per_batch: Callable[[Any], int] | None = None,
         save_folder: str | None = None,
@@ -254,6 +257,7 @@ class Trainer:
         self.logger = Logger(state, destinations)
         self.engine = Engine(state, self.logger, algorithm_passes)
         self.log_interval, self.parallelism, self.run_summary = log_interval, strategy, run_summary
+        self.auto_log_hparams = auto_log_hparams
         self.steps_per_call, self.tokens_per_batch = steps_per_call, tokens_per_batch
         self.handle_signals = handle_signals
         self.pending_logs = PendingLogs(self.logger, log_interval)
@@ -282,6 +286,8 @@ class Trainer:
             self.hparams = hyperparameters(self)
             # Loading comes after INIT: surgery has already reshaped the model the weights must fit.
             self.engine.run_event(Event.BEFORE_LOAD)
+            if self.state.model_changed:  # surgery at BEFORE_LOAD: the loaded weights must land in the new model
+                self.runner.take_model()
             self.resumed_from = load_at_start(self, report=_print_error)
             self.engine.run_event(Event.AFTER_LOAD)
         except BaseException:
@@ -410,7 +416,7 @@ class Trainer:
         except TrainingInterrupted:
             raise
         except BaseException as error:
-            for plugin in state.callbacks:
+            for plugin in [*state.callbacks, *self.logger.destinations]:
                 plugin.fit_error(state, self.logger, error)
             raise
         if self.stop_decision is not None and self.stop_decision.time_limit:

@@ -10,7 +10,7 @@ import pytest
 from flax import nnx
 
 from composerjax import ArrayLoader, Callback, ComposerClassifier, Event, Trainer
-from composerjax.algorithms.ema import EMA, compute_ema, ema_decay
+from composerjax.algorithms.ema import EMA, compute_ema, ema_decay, model_buffers
 
 BATCH = 16  # 64 samples: 4 batches per epoch
 
@@ -145,6 +145,73 @@ def test_eval_before_the_average_starts_uses_the_trained_weights():
     nnx.update(model, nnx.State(trained))
     assert before["CrossEntropy"] == pytest.approx(make_trainer([], "1ba", model=model).eval(loader)["CrossEntropy"],
                                                     rel=1e-6)
+
+
+class BuffersAfterEachBatch(Callback):
+    """Keeps the batch-norm running statistics after every batch."""
+
+    def __init__(self) -> None:
+        self.history: list[dict] = []
+
+    def batch_end(self, state, logger):
+        self.history.append(jax.device_get(model_buffers(state.model)))
+
+
+def batch_norm_classifier(seed: int = 0) -> ComposerClassifier:
+    rngs = nnx.Rngs(seed)
+    return ComposerClassifier(nnx.Sequential(nnx.Linear(4, 3, rngs=rngs), nnx.BatchNorm(3, momentum=0.5, rngs=rngs),
+                                             nnx.relu, nnx.Linear(3, 2, rngs=rngs)), 2)
+
+
+@pytest.mark.parametrize(("half_life", "duration", "updates"), [("2ba", "3ba", (1, 2, 3)), ("1ep", "2ep", (4, 8))])
+def test_batch_norm_statistics_are_averaged_like_the_weights(half_life, duration, updates):
+    params, buffers = ParamsAfterEachBatch(), BuffersAfterEachBatch()
+    ema = EMA(half_life=half_life)
+    trainer = make_trainer([ema], duration, [params, buffers], model=batch_norm_classifier())
+    initial = jax.device_get(ema.ema_buffers(trainer.state))
+    np.testing.assert_array_equal(initial["module"]["layers"][1]["mean"], np.zeros(3))  # a copy of the model's
+    np.testing.assert_array_equal(initial["module"]["layers"][1]["var"], np.ones(3))
+    trainer.fit()
+    decay = 0.5 ** 0.5 if half_life == "2ba" else 0.5
+    expected = numpy_ema([buffers.history[t - 1] for t in updates], decay)
+    assert_tree_close(ema.ema_buffers(trainer.state), expected)
+    assert_tree_close(ema.ema_params(trainer.state), numpy_ema([params.history[t - 1] for t in updates], decay))
+    # the statistics really moved, and the model keeps the trained ones (as Composer keeps its buffers)
+    assert not np.allclose(expected["module"]["layers"][1]["mean"], buffers.history[-1]["module"]["layers"][1]["mean"])
+    assert_tree_close(model_buffers(trainer.state.model), buffers.history[-1], rtol=0, atol=0)
+    # checkpointed with the train state
+    saved = trainer.state.state_dict()["train_state"]["algorithm_state"]["EMA"]["buffers"]
+    assert_tree_close(saved, expected)
+
+
+def test_eval_uses_the_averaged_batch_norm_statistics_and_restores_the_trained_ones():
+    x, y = classification_data()
+    loader = ArrayLoader((x, y), BATCH, shuffle=False)
+    ema = EMA(half_life="2ba")
+    trainer = make_trainer([ema], "3ba", model=batch_norm_classifier())
+    trainer.fit()
+    trained_buffers = jax.device_get(model_buffers(trainer.state.model))
+    averaged_params = jax.device_get(ema.ema_params(trainer.state))
+    averaged_buffers = jax.device_get(ema.ema_buffers(trainer.state))
+    results = trainer.eval(loader)
+    assert_tree_close(model_buffers(trainer.state.model), trained_buffers, rtol=0, atol=0)  # back, bit for bit
+
+    def eval_with(params: dict, buffers: dict) -> float:
+        model = batch_norm_classifier(seed=1)
+        nnx.update(model, nnx.State(params))
+        nnx.update(model, nnx.State(buffers))
+        return make_trainer([], "1ba", model=model).eval(loader)["CrossEntropy"]
+
+    assert results["CrossEntropy"] == pytest.approx(eval_with(averaged_params, averaged_buffers), rel=1e-6)
+    assert results["CrossEntropy"] != pytest.approx(eval_with(averaged_params, trained_buffers), rel=1e-5)
+    # training goes on from the trained values exactly as without the evaluation
+    trainer.fit("1ba")
+    twin = make_trainer([EMA(half_life="2ba")], "3ba", model=batch_norm_classifier())
+    twin.fit()
+    twin.fit("1ba")
+    assert_tree_close(trainer.state.train_state.rest, twin.state.train_state.rest, rtol=0, atol=0)
+    assert_tree_close(trainer.state.params, twin.state.params, rtol=0, atol=0)
+    assert_tree_close(ema.ema_buffers(trainer.state), twin.state.algorithm_state["EMA"]["buffers"], rtol=0, atol=0)
 
 
 @pytest.mark.parametrize(

@@ -13,9 +13,12 @@ from composerjax.algorithms.ghost_batchnorm import (
     GhostBatchNorm,
     GhostBatchNormLayer,
     apply_ghost_batchnorm,
+    chunk_sizes,
     ghost_batch_norm,
+    ghost_batch_sizes,
+    update_running_stat,
 )
-from composerjax.models import SmallCNN, SmallResNet
+from composerjax.models import SmallCNN
 from composerjax.models.surgery import count_modules
 
 
@@ -34,15 +37,39 @@ def activations(shape: tuple[int, ...], seed: int = 0) -> jnp.ndarray:
     return jnp.asarray((rng.normal(size=shape) * 3 + rng.normal(size=shape[-1])).astype(np.float32))
 
 
-def test_pure_function_normalizes_each_chunk_with_its_own_statistics():
-    x = np.random.default_rng(0).normal(size=(6, 2, 3)).astype(np.float32)
-    y, mean, var = ghost_batch_norm(jnp.asarray(x), 3, epsilon=0.0)
-    for chunk in (slice(0, 3), slice(3, 6)):
-        part = x[chunk].astype(np.float64)
-        expected = (part - part.mean(axis=(0, 1))) / part.std(axis=(0, 1))
-        np.testing.assert_allclose(y[chunk], expected, rtol=1e-4, atol=1e-5)
-    np.testing.assert_allclose(mean, (x[:3].mean(axis=(0, 1)) + x[3:].mean(axis=(0, 1))) / 2, rtol=1e-5)
-    np.testing.assert_allclose(var, (x[:3].var(axis=(0, 1)) + x[3:].var(axis=(0, 1))) / 2, rtol=1e-5)
+def test_chunks_are_cut_as_torch_chunk_cuts_them():
+    # Composer: num_chunks = ceil(N / ghost_batch_size), then torch.chunk (ceil(N / num_chunks) rows each).
+    assert ghost_batch_sizes(10, 4) == [4, 4, 2]
+    assert ghost_batch_sizes(7, 4) == [4, 3]
+    assert ghost_batch_sizes(40, 32) == [20, 20]
+    assert ghost_batch_sizes(8, 8) == [8]
+    assert chunk_sizes(10, 3) == [4, 4, 2]
+    assert chunk_sizes(6, 4) == [2, 2, 2]  # torch.chunk may give fewer chunks than asked
+    with pytest.raises(ValueError, match="fewer than ghost_batch_size=8"):
+        ghost_batch_sizes(6, 8)
+
+
+def numpy_ghost_norm(x: np.ndarray, sizes: list[int], epsilon: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each chunk normalized with its biased statistics over all axes but the last (float64)."""
+    outputs, means, variances, start = [], [], [], 0
+    for size in sizes:
+        part = x[start:start + size].astype(np.float64)
+        axes = tuple(range(part.ndim - 1))
+        means.append(part.mean(axes))
+        variances.append(part.var(axes))
+        outputs.append((part - means[-1]) / np.sqrt(variances[-1] + epsilon))
+        start += size
+    return np.concatenate(outputs), np.stack(means), np.stack(variances)
+
+
+def test_pure_function_normalizes_each_uneven_chunk_with_its_own_statistics():
+    x = np.random.default_rng(0).normal(size=(10, 2, 3)).astype(np.float32)
+    y, means, variances = ghost_batch_norm(jnp.asarray(x), 4, epsilon=0.0)
+    expected_y, expected_means, expected_vars = numpy_ghost_norm(x, [4, 4, 2], 0.0)
+    assert means.shape == variances.shape == (3, 3)
+    np.testing.assert_allclose(y, expected_y, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(means, expected_means, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(variances, expected_vars, rtol=1e-5, atol=1e-6)
 
 
 def test_one_ghost_batch_is_exactly_batch_norm():
@@ -53,25 +80,44 @@ def test_one_ghost_batch_is_exactly_batch_norm():
     np.testing.assert_array_equal(ghost(x), reference(x))
     np.testing.assert_array_equal(norm.mean[...], reference.mean[...])
     np.testing.assert_array_equal(norm.var[...], reference.var[...])
-    # a batch smaller than the ghost batch is one ghost batch too
-    np.testing.assert_array_equal(GhostBatchNormLayer(trained_batch_norm(), 32)(x), trained_batch_norm()(x))
+    # a training batch smaller than the ghost batch is refused, as Composer refuses it
+    with pytest.raises(ValueError, match="8 samples, fewer than ghost_batch_size=32"):
+        GhostBatchNormLayer(trained_batch_norm(), 32)(x)
 
 
-@pytest.mark.parametrize("size, ghost_batch_size, chunks", [(8, 4, [4, 4]), (7, 4, [4, 3])])
-def test_ghost_batches_are_batch_norm_on_each_chunk(size, ghost_batch_size, chunks):
+@pytest.mark.parametrize("size, ghost_batch_size, chunks", [(8, 4, [4, 4]), (10, 4, [4, 4, 2]), (7, 4, [4, 3])])
+def test_ghost_batches_are_sequential_batch_norm_calls(size, ghost_batch_size, chunks):
     x = activations((size, 4, 4, 3))
     ghost = GhostBatchNormLayer(trained_batch_norm(), ghost_batch_size)
     out = ghost(x)
-    references, outputs, start = [], [], 0
+    # Composer: one batch norm call per chunk, torch momentum (1 - 0.9) divided by the number of chunks.
+    reference = trained_batch_norm()
+    reference.momentum = 1.0 - (1.0 - 0.9) / len(chunks)
+    outputs, start = [], 0
     for length in chunks:
-        reference = trained_batch_norm()
         outputs.append(reference(x[start:start + length]))
-        references.append(reference)
         start += length
     np.testing.assert_allclose(out, jnp.concatenate(outputs), rtol=1e-5, atol=1e-5)
-    # running stats move towards the mean of the chunks' statistics: the mean of the chunk-wise updates
-    np.testing.assert_allclose(ghost.norm.mean[...], np.mean([r.mean[...] for r in references], axis=0), rtol=1e-5)
-    np.testing.assert_allclose(ghost.norm.var[...], np.mean([r.var[...] for r in references], axis=0), rtol=1e-5)
+    np.testing.assert_allclose(ghost.norm.mean[...], reference.mean[...], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(ghost.norm.var[...], reference.var[...], rtol=1e-5, atol=1e-6)
+    # and the same running statistics from the sequential update written out in numpy
+    _, means, variances = numpy_ghost_norm(np.asarray(x), chunks, 1e-5)
+    rate = (1.0 - 0.9) / len(chunks)
+    running_mean, running_var = np.linspace(0.1, 0.3, 3), np.linspace(1.5, 2.5, 3)
+    for mean, var in zip(means, variances):
+        running_mean = (1 - rate) * running_mean + rate * mean
+        running_var = (1 - rate) * running_var + rate * var
+    np.testing.assert_allclose(ghost.norm.mean[...], running_mean, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(ghost.norm.var[...], running_var, rtol=1e-5, atol=1e-6)
+
+
+def test_update_running_stat_is_the_sequential_update():
+    stats = np.array([[1.0, -2.0], [3.0, 5.0], [-4.0, 0.5]], np.float32)
+    running = np.array([0.5, 2.0])
+    for value in stats:  # momentum 0.8 over 3 chunks: rate 0.2 / 3 per chunk
+        running = (1 - 0.2 / 3) * running + 0.2 / 3 * value
+    np.testing.assert_allclose(update_running_stat(jnp.array([0.5, 2.0]), jnp.asarray(stats), 0.8, 3), running,
+                               rtol=1e-6)
 
 
 def test_eval_is_batch_norm_eval():
@@ -87,11 +133,13 @@ def test_eval_is_batch_norm_eval():
 
 
 def test_surgery_replaces_every_batch_norm_and_keeps_its_variables():
-    model = SmallResNet(width=4, rngs=nnx.Rngs(0))
-    stem_norm = model.stem_norm
-    assert apply_ghost_batchnorm(model, ghost_batch_size=4) == 5
-    assert count_modules(model, GhostBatchNormLayer) == 5
-    assert model.stem_norm.norm is stem_norm
+    rngs = nnx.Rngs(0)
+    first = nnx.BatchNorm(3, rngs=rngs)
+    model = nnx.Sequential(nnx.Linear(3, 3, rngs=rngs), first,
+                           nnx.Sequential(nnx.BatchNorm(3, rngs=rngs), nnx.relu, nnx.BatchNorm(3, rngs=rngs)))
+    assert apply_ghost_batchnorm(model, ghost_batch_size=4) == 3
+    assert count_modules(model, GhostBatchNormLayer) == 3
+    assert model.layers[1].norm is first
     assert apply_ghost_batchnorm(model) == 0  # already replaced
 
 
