@@ -140,10 +140,15 @@ def apply_alibi(model: nnx.Module, max_sequence_length: int = 8192) -> int:
 
 
 def scale_sequence_length(batch: Any, scaling: float) -> Any:
-    """Cut every sequence of ``batch`` into ``1 / scaling`` shorter ones, keeping every token.
+    """Cut every sequence of ``batch`` into ``1 / scaling`` shorter ones, keeping every token (Composer's reshape).
 
     Arrays with a sequence axis (``ndim >= 2``) go from ``(N, T, ...)`` to ``(N / scaling, T * scaling,
     ...)``; per-sample arrays (``ndim == 1``) are repeated for each piece; scalars are kept.
+
+    Raises:
+        ValueError: when the arrays with ``ndim >= 2`` do not all start with the same ``(N, T)`` (their
+            axis 1 is then not one sequence axis, and cutting it would scramble them), or ``T`` is not
+            divisible by ``1 / scaling``.
 
     Example:
         >>> x = np.arange(8).reshape(1, 8)
@@ -151,17 +156,28 @@ def scale_sequence_length(batch: Any, scaling: float) -> Any:
         [[0, 1, 2, 3], [4, 5, 6, 7]]
     """
     pieces = _pieces(scaling)
+    if pieces == 1:
+        return batch
+    sequences = [np.shape(leaf)[:2] for leaf in jax.tree.leaves(batch) if np.ndim(leaf) >= 2]
+    if not sequences:
+        raise ValueError(f"train_sequence_length_scaling={scaling}: the batch has no (N, T, ...) array to cut into "
+                         "shorter sequences; pass train_sequence_length_scaling=1.0 for such batches")
+    if len(set(sequences)) > 1:
+        raise ValueError(f"train_sequence_length_scaling={scaling}: the batch's arrays must all be (N, T, ...) with "
+                         "the same (N, T) to be cut into shorter sequences; got leading shapes "
+                         f"{sorted(set(sequences))}; pass train_sequence_length_scaling=1.0 for such batches")
+    length = sequences[0][1]
+    if length % pieces:
+        raise ValueError(f"train_sequence_length_scaling={scaling}: the sequence length {length} is not "
+                         f"divisible by {pieces}")
 
     def reshape(leaf: Any) -> Any:
         ndim = getattr(leaf, "ndim", 0)
-        if ndim == 0 or pieces == 1:
+        if ndim == 0:
             return leaf
         if ndim == 1:
             return leaf.repeat(pieces, axis=0)
-        size, length = leaf.shape[:2]
-        if length % pieces:
-            raise ValueError(f"train_sequence_length_scaling={scaling}: the sequence length {length} is not "
-                             f"divisible by {pieces}")
+        size = leaf.shape[0]
         return leaf.reshape(size * pieces, length // pieces, *leaf.shape[2:])
 
     return jax.tree.map(reshape, batch)
@@ -183,14 +199,16 @@ class Alibi(Algorithm):
 
     Runs at ``Event.INIT`` (host): surgery on ``state.model`` (see ``apply_alibi``) before the
     parameters are placed; the position-embedding parameters are gone from the trained state. With
-    ``train_sequence_length_scaling < 1`` it also runs at ``Event.AFTER_DATALOADER`` (host) and cuts
-    each training batch into shorter sequences (``scale_sequence_length``): same tokens, cheaper
-    attention, one compile for the new shape.
+    ``train_sequence_length_scaling < 1`` (Composer's default 0.25) it also runs at
+    ``Event.AFTER_DATALOADER`` (host) and reshapes each training batch into shorter sequences
+    (``scale_sequence_length``): same tokens, cheaper attention, one compile for the new shape. Every
+    array of the batch with ``ndim >= 2`` must then be ``(N, T, ...)`` with the same ``(N, T)``
+    (a ``ValueError`` says otherwise); eval batches keep their length.
 
     Args:
         max_sequence_length: the longest sequence the model accepts after surgery (evaluation).
         train_sequence_length_scaling: ``1/k``: train on sequences ``k`` times shorter (and ``k``
-            times more of them). 1 (the default here; Composer's is 0.25) leaves batches alone.
+            times more of them); 1 leaves batches alone.
 
     Example::
 
@@ -200,7 +218,7 @@ class Alibi(Algorithm):
 
     required_modules = (CausalSelfAttention,)
 
-    def __init__(self, max_sequence_length: int = 8192, train_sequence_length_scaling: float = 1.0) -> None:
+    def __init__(self, max_sequence_length: int = 8192, train_sequence_length_scaling: float = 0.25) -> None:
         if isinstance(max_sequence_length, bool) or not isinstance(max_sequence_length, int) or max_sequence_length < 1:
             raise ValueError(f"max_sequence_length={max_sequence_length!r}: expected a positive integer")
         self.pieces = _pieces(train_sequence_length_scaling)

@@ -23,7 +23,6 @@ from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
-from jax.scipy.ndimage import map_coordinates
 
 __all__ = [
     "AUGMENTATION_SETS",
@@ -93,23 +92,26 @@ def _blend(degenerate: jax.Array, image: jax.Array, factor: jax.Array | float) -
 
 
 def _resample(image: jax.Array, matrix: jax.Array, offset: jax.Array) -> jax.Array:
-    """Bilinear affine resampling about the image centre, zeros outside.
+    """PIL's bilinear affine ``Image.transform``: output pixel ``p = (row, col)`` reads ``matrix @ p + offset``.
 
-    The output pixel at ``centre + d`` (d = (row, col) from the centre) reads the input at
-    ``centre + matrix @ d + offset``.
+    Coordinates are pixel indices (pixel centres). As in PIL, a source point outside the image
+    (more than half a pixel past the outermost centres) gives 0, the fill colour; one inside blends
+    its four neighbours, an edge pixel standing in for a missing neighbour.
     """
     height, width = image.shape[:2]
-    centre = jnp.asarray([(height - 1) / 2.0, (width - 1) / 2.0], jnp.float32)
     rows, cols = jnp.meshgrid(jnp.arange(height, dtype=jnp.float32), jnp.arange(width, dtype=jnp.float32),
                               indexing="ij")
-    d_row, d_col = rows - centre[0], cols - centre[1]
-    src_row = centre[0] + (matrix[0, 0] * d_row + matrix[0, 1] * d_col) + offset[0]
-    src_col = centre[1] + (matrix[1, 0] * d_row + matrix[1, 1] * d_col) + offset[1]
-
-    def sample(channel: jax.Array) -> jax.Array:
-        return map_coordinates(channel, [src_row, src_col], order=1, mode="constant", cval=0.0)
-
-    return jax.vmap(sample, in_axes=2, out_axes=2)(image)
+    src_row = matrix[0, 0] * rows + matrix[0, 1] * cols + offset[0]
+    src_col = matrix[1, 0] * rows + matrix[1, 1] * cols + offset[1]
+    inside = (src_row >= -0.5) & (src_row < height - 0.5) & (src_col >= -0.5) & (src_col < width - 0.5)
+    row0, col0 = jnp.floor(src_row), jnp.floor(src_col)
+    d_row, d_col = (src_row - row0)[..., None], (src_col - col0)[..., None]
+    row0, col0 = row0.astype(jnp.int32), col0.astype(jnp.int32)
+    r0, r1 = jnp.clip(row0, 0, height - 1), jnp.clip(row0 + 1, 0, height - 1)
+    c0, c1 = jnp.clip(col0, 0, width - 1), jnp.clip(col0 + 1, 0, width - 1)
+    top = image[r0, c0] + d_col * (image[r0, c1] - image[r0, c0])
+    bottom = image[r1, c0] + d_col * (image[r1, c1] - image[r1, c0])
+    return jnp.where(inside[..., None], top + d_row * (bottom - top), 0.0)
 
 
 # -- ops -----------------------------------------------------------------------------------------
@@ -176,16 +178,21 @@ def solarize(image: jax.Array, threshold: jax.Array | float) -> jax.Array:
 Transform = tuple[jax.Array, jax.Array]  # (matrix, offset) for _resample
 
 
-def _rotation(degrees: jax.Array | float) -> Transform:
+def _rotation(degrees: jax.Array | float, shape: tuple[int, ...]) -> Transform:
+    # About the image centre, as PIL's Image.rotate: src = centre + M (p - centre).
     theta = jnp.deg2rad(jnp.asarray(degrees, jnp.float32))
     cos, sin = jnp.cos(theta), jnp.sin(theta)
-    return jnp.stack([jnp.stack([cos, sin]), jnp.stack([-sin, cos])]), jnp.zeros(2, jnp.float32)
+    matrix = jnp.stack([jnp.stack([cos, sin]), jnp.stack([-sin, cos])])
+    centre = jnp.asarray([(shape[0] - 1) / 2.0, (shape[1] - 1) / 2.0], jnp.float32)
+    return matrix, centre - matrix @ centre
 
 
 def _shear(factor: jax.Array | float, axis: int) -> Transform:
-    # axis 1 (width): the source column moves with the row; axis 0 (height): the source row moves with the column.
+    # PIL's AFFINE (1, f, 0, 0, 1, 0) on pixel edges: about the top (left) edge, not the centre.
+    # axis 1 (width): the source column is col + f * (row + 0.5); axis 0 (height): row + f * (col + 0.5).
+    factor = jnp.asarray(factor, jnp.float32)
     entry = (1, 0) if axis == 1 else (0, 1)
-    return jnp.eye(2, dtype=jnp.float32).at[entry].set(factor), jnp.zeros(2, jnp.float32)
+    return jnp.eye(2, dtype=jnp.float32).at[entry].set(factor), jnp.zeros(2, jnp.float32).at[axis].set(0.5 * factor)
 
 
 def _translation(pixels: jax.Array | float, axis: int) -> Transform:
@@ -194,31 +201,47 @@ def _translation(pixels: jax.Array | float, axis: int) -> Transform:
 
 @_channels_last
 def rotate(image: jax.Array, degrees: jax.Array | float) -> jax.Array:
-    """Rotate counter-clockwise by ``degrees`` about the centre (bilinear, zeros outside)."""
-    return _resample(image, *_rotation(degrees))
+    """Rotate counter-clockwise by ``degrees`` about the centre, as PIL's ``Image.rotate(degrees, BILINEAR)``."""
+    return _resample(image, *_rotation(degrees, image.shape))
 
 
 @_channels_last
 def shear_x(image: jax.Array, factor: jax.Array | float) -> jax.Array:
-    """Shear along the width about the centre: the row ``r`` rows below the centre moves ``-factor * r`` columns."""
+    """Shear along the width about the top edge, as PIL's ``transform(AFFINE, (1, factor, 0, 0, 1, 0), BILINEAR)``.
+
+    Output pixel ``(row, col)`` reads the input at ``(row, col + factor * (row + 0.5))``; zeros outside.
+
+    Example:
+        >>> shear_x(jnp.arange(1.0, 9.0).reshape(2, 4), 2.0).tolist()  # rows read 1 and 3 columns further
+        [[2.0, 3.0, 4.0, 0.0], [8.0, 0.0, 0.0, 0.0]]
+    """
     return _resample(image, *_shear(factor, axis=1))
 
 
 @_channels_last
 def shear_y(image: jax.Array, factor: jax.Array | float) -> jax.Array:
-    """Shear along the height about the centre: the column ``c`` right of the centre moves ``-factor * c`` rows."""
+    """Shear along the height about the left edge, as PIL's ``transform(AFFINE, (1, 0, 0, factor, 1, 0), BILINEAR)``.
+
+    Output pixel ``(row, col)`` reads the input at ``(row + factor * (col + 0.5), col)``; zeros outside.
+    """
     return _resample(image, *_shear(factor, axis=0))
 
 
 @_channels_last
 def translate_x(image: jax.Array, pixels: jax.Array | float) -> jax.Array:
-    """Move the content ``pixels`` columns to the right (left if negative), filling with zeros."""
+    """Move the content ``pixels`` columns to the right (left if negative), filling with zeros.
+
+    PIL's ``transform(AFFINE, (1, 0, level, 0, 1, 0))`` (Composer's ``translate_x``) is ``pixels = -level``.
+    """
     return _resample(image, *_translation(pixels, axis=1))
 
 
 @_channels_last
 def translate_y(image: jax.Array, pixels: jax.Array | float) -> jax.Array:
-    """Move the content ``pixels`` rows down (up if negative), filling with zeros."""
+    """Move the content ``pixels`` rows down (up if negative), filling with zeros.
+
+    PIL's ``transform(AFFINE, (1, 0, 0, 0, 1, level))`` (Composer's ``translate_y``) is ``pixels = -level``.
+    """
     return _resample(image, *_translation(pixels, axis=0))
 
 
@@ -276,11 +299,13 @@ class Augmentation:
     """A named random augmentation whose randomness comes in as ``draws``.
 
     Give either ``fn(image_hwc, draws, severity) -> image`` or, for a geometric augmentation,
-    ``transform(image_shape, draws, severity) -> (matrix, offset)`` of a bilinear resampling about the
-    centre (geometric augmentations share one resampling when one of a set is picked at random).
+    ``transform(image_shape, draws, severity) -> (matrix, offset)`` of PIL's bilinear affine
+    resampling (output pixel ``p`` reads ``matrix @ p + offset``; geometric augmentations share one
+    resampling when one of a set is picked at random).
     ``draws`` holds ``DRAWS_PER_AUGMENTATION`` uniform numbers in [0, 1) (drawn once for a whole
     chain, which keeps the compiled step small); ``severity`` is on Composer's 0..10 scale. The
-    intensity is uniform in ``[0, severity / 10]``; signed ops flip a fair coin for the direction.
+    intensity is uniform in ``[0.01, severity / 10]`` (Composer's level, uniform in ``[0.1,
+    severity]``, over 10); signed ops flip a fair coin for the direction.
     """
 
     name: str
@@ -307,7 +332,8 @@ class Augmentation:
 
 
 def _intensity(draws: jax.Array, severity: float) -> jax.Array:
-    return draws[0] * (severity / MAX_SEVERITY)
+    """Composer's ``_sample_level(severity) / 10``: the level is uniform in ``[0.1, severity]``."""
+    return (0.1 + draws[0] * (severity - 0.1)) / MAX_SEVERITY
 
 
 def _signed_intensity(draws: jax.Array, severity: float) -> jax.Array:
@@ -316,9 +342,15 @@ def _signed_intensity(draws: jax.Array, severity: float) -> jax.Array:
 
 def _symmetric_factor(draws: jax.Array, severity: float) -> jax.Array:
     """An enhancement factor, 1 meaning no change: a fair coin picks U(1, severity) or U(1 - 0.09 severity, 1)."""
-    up = 1.0 + draws[3] * (jnp.maximum(severity, 1.0) - 1.0)
+    up = 1.0 + draws[3] * (severity - 1.0)  # below severity 1, numpy's uniform(1, severity) lies in [severity, 1]
     down = 1.0 - draws[3] * (0.09 * severity)
     return jnp.where(draws[2] < 0.5, up, down)
+
+
+def _brightness_factor(draws: jax.Array, severity: float) -> jax.Array:
+    """Composer's brightness: the symmetric factor, with brightening (above 1) scaled by 0.75."""
+    factor = _symmetric_factor(draws, severity)
+    return jnp.where(factor > 1.0, 0.75 * factor, factor)
 
 
 def _original_factor(draws: jax.Array, severity: float) -> jax.Array:
@@ -349,7 +381,7 @@ _SAFE = (
     Augmentation("posterize", lambda image, draws, severity: posterize.__wrapped__(
         image, 4 - jnp.floor(_intensity(draws, severity) * 4.0).astype(jnp.int32))),
     Augmentation("rotate", transform=lambda shape, draws, severity: _rotation(
-        jnp.trunc(_signed_intensity(draws, severity) * 30.0))),
+        jnp.trunc(_signed_intensity(draws, severity) * 30.0), shape)),
     Augmentation("solarize", lambda image, draws, severity: solarize.__wrapped__(
         image, (256.0 - jnp.floor(_intensity(draws, severity) * 256.0)) / 255.0)),
     Augmentation("shear_x", transform=_random_shear(axis=1)),
@@ -363,7 +395,9 @@ _ENHANCEMENTS = {"color": color, "contrast": contrast, "brightness": brightness,
 #: sharpness, which overlap the corruptions of ImageNet-C / CIFAR-10-C; ``'all'`` adds them with a
 #: factor symmetric about 1; ``'original'`` adds them with the AugMix repository's factor range.
 AUGMENTATION_SETS: dict[str, tuple[Augmentation, ...]] = {
-    "all": _SAFE + tuple(Augmentation(name, _enhancement(op, _symmetric_factor)) for name, op in _ENHANCEMENTS.items()),
+    "all": _SAFE + tuple(Augmentation(name, _enhancement(op, _brightness_factor if name == "brightness"
+                                                          else _symmetric_factor))
+                         for name, op in _ENHANCEMENTS.items()),
     "safe": _SAFE,
     "original": _SAFE + tuple(Augmentation(f"{name}_original", _enhancement(op, _original_factor))
                               for name, op in _ENHANCEMENTS.items()),

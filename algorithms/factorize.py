@@ -201,9 +201,9 @@ def apply_factorization(
     model: nnx.Module,
     factorize_convs: bool = True,
     factorize_linears: bool = True,
-    min_channels: int = 256,
+    min_channels: int = 512,
     latent_channels: int | float = 0.25,
-    min_features: int = 256,
+    min_features: int = 512,
     latent_features: int | float = 0.25,
 ) -> int:
     """Factorize the qualifying ``nnx.Linear`` / ``nnx.Conv`` layers of ``model`` in place; return how many.
@@ -211,6 +211,8 @@ def apply_factorization(
     A Linear qualifies when both its input and output features are ``>= min_features``, a Conv when
     both its channel counts are ``>= min_channels`` (grouped and masked convs are left alone), and
     either only when the factorization at the chosen rank has fewer weights than the original.
+    The defaults are those of Composer's ``apply_factorization`` (512 / 0.25); the :class:`Factorize`
+    algorithm's are 256 / 0.25 for convs and 256 / 128 for linears, as Composer's class.
 
     Example:
         >>> model = nnx.Sequential(nnx.Linear(16, 16, rngs=nnx.Rngs(0)), nnx.relu, nnx.Linear(16, 2, rngs=nnx.Rngs(1)))
@@ -251,9 +253,10 @@ class Factorize(Algorithm):
         factorize_convs: factorize ``nnx.Conv`` layers.
         factorize_linears: factorize ``nnx.Linear`` layers.
         min_channels: leave convs with fewer input or output channels alone.
-        latent_channels: bottleneck channels: a fraction in (0, 1) of ``min(in, out)``, or an integer.
+        latent_channels: bottleneck channels: a float in (0, 1) is a fraction of ``min(in, out)``
+            (at least 1), an integer >= 1 the rank itself.
         min_features: leave linears with fewer input or output features alone.
-        latent_features: bottleneck features: a fraction in (0, 1) of ``min(in, out)``, or an integer.
+        latent_features: bottleneck features, as ``latent_channels`` (Composer's default: 128 features).
 
     Example::
 
@@ -269,7 +272,7 @@ class Factorize(Algorithm):
         min_channels: int = 256,
         latent_channels: int | float = 0.25,
         min_features: int = 256,
-        latent_features: int | float = 0.25,
+        latent_features: int | float = 128,
     ) -> None:
         _validate(factorize_convs, factorize_linears, min_channels, latent_channels, min_features, latent_features)
         self.factorize_convs = factorize_convs

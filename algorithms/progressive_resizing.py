@@ -1,27 +1,27 @@
 """Progressive resizing: train on downscaled images first, growing them back to full size.
 
 Image sizes follow a schedule in training progress: ``initial_scale`` for the first ``delay_fraction``,
-then a linear ramp to full size reached at ``1 - finetune_fraction``, then full size. Each size is
-rounded to a multiple of ``size_increment`` pixels (on the width), so a run sees only a handful of
-distinct shapes: the compiled step is built once per shape, and :meth:`ProgressiveResizing.planned_sizes`
-lists them before training starts.
+then a linear ramp to full size reached at ``1 - finetune_fraction``, then full size. Each scale is
+pinned so the width is a multiple of ``size_increment`` pixels, as in Composer, so a run sees only a
+handful of distinct shapes: the compiled step is built once per shape, and
+:meth:`ProgressiveResizing.planned_sizes` lists them before training starts. Resizing is torch's
+nearest-neighbour ``F.interpolate``, as Composer's.
 
 Images are ``(N, H, W)`` or ``(N, H, W, C)`` (channels last, as flax convolutions take them).
 """
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from composerjax import Algorithm, Event, Logger, State
+from composerjax.algorithms.interpolate import interpolate_nearest, interpolated_size
 from composerjax.algorithms.schedule_times import planned_progress
 
-__all__ = ["resizing_scale", "scaled_size", "resize_batch", "ProgressiveResizing"]
+__all__ = ["resizing_scale", "pinned_scale", "scaled_size", "resize_batch", "ProgressiveResizing"]
 
 _MODES = ("resize", "crop")
 
@@ -46,12 +46,25 @@ def resizing_scale(progress: float, initial_scale: float, delay_fraction: float,
     return initial_scale + (1.0 - initial_scale) * ramp_done
 
 
-def scaled_size(height: int, width: int, scale: float, size_increment: int) -> tuple[int, int]:
-    """Return the ``(height, width)`` that ``scale`` gives, the width rounded to a multiple of ``size_increment``.
+def pinned_scale(width: int, scale: float, size_increment: int) -> float:
+    """Return ``scale`` adjusted so that the new width is a multiple of ``size_increment``, as Composer pins it.
 
-    The width is rounded to the nearest multiple of ``size_increment`` (at least one increment); the
-    height keeps the aspect ratio (rounded down). A scale that rounds to the full width (or more)
-    keeps the full size.
+    ``round(width * scale / size_increment) * size_increment / width``, at least one increment (Composer
+    would ask for a zero width).
+
+    Example:
+        >>> pinned_scale(28, 0.6, 4)  # 16.8 pixels -> 16
+        0.5714285714285714
+    """
+    new_width = max(round(width * scale / size_increment) * size_increment, size_increment)
+    return new_width / width
+
+
+def scaled_size(height: int, width: int, scale: float, size_increment: int) -> tuple[int, int]:
+    """Return the ``(height, width)`` of images resized at ``scale`` pinned to a ``size_increment`` width.
+
+    Both sides are ``floor(side * s)`` (``F.interpolate``'s sizes) for the :func:`pinned_scale` ``s``;
+    an ``s`` of 1 or more keeps the full size.
 
     Example:
         >>> scaled_size(32, 32, 0.5, 4)
@@ -61,19 +74,10 @@ def scaled_size(height: int, width: int, scale: float, size_increment: int) -> t
         >>> scaled_size(28, 28, 0.95, 4)
         (28, 28)
     """
-    new_width = max(round(width * scale / size_increment) * size_increment, size_increment)
-    if scale >= 1.0 or new_width >= width:
+    factor = pinned_scale(width, scale, size_increment)
+    if factor >= 1.0:
         return height, width
-    return max(height * new_width // width, 1), new_width
-
-
-@functools.partial(jax.jit, static_argnames=("shape", "method"))
-def _resize(images: jax.Array, shape: tuple[int, ...], method: str) -> jax.Array:
-    resized = jax.image.resize(images, shape, method)
-    if jnp.issubdtype(images.dtype, jnp.integer):
-        info = jnp.iinfo(images.dtype)
-        resized = jnp.clip(jnp.round(resized), info.min, info.max)
-    return resized.astype(images.dtype)
+    return interpolated_size(height, factor), interpolated_size(width, factor)
 
 
 def _spatial_shape(array: Any, name: str) -> tuple[int, int]:
@@ -85,27 +89,28 @@ def _spatial_shape(array: Any, name: str) -> tuple[int, int]:
 def resize_batch(
     x: Any,
     y: Any,
-    scale: float,
+    scale_factor: float,
     mode: str = "resize",
-    size_increment: int = 4,
     resize_targets: bool = False,
     rng: np.random.Generator | None = None,
 ) -> tuple[Any, Any]:
-    """Shrink a batch of images by ``scale`` (width rounded to a multiple of ``size_increment``).
+    """Shrink a batch of images by ``scale_factor``, cropping or resampling, as Composer's ``resize_batch``.
 
-    ``mode='resize'`` resamples the whole image with ``jax.image.resize(..., 'bilinear')`` (antialiased
-    when shrinking; integer images are rounded back to their dtype). ``mode='crop'`` takes one random
-    crop of the new size at the same place in every image, drawn from ``rng``. With
+    ``mode='resize'`` is torch's nearest-neighbour ``F.interpolate(x, scale_factor=scale_factor,
+    mode='nearest', recompute_scale_factor=False)`` (see
+    :func:`~composerjax.algorithms.interpolate.interpolate_nearest`): sides ``floor(side * scale_factor)``,
+    output pixel ``i`` copied from ``floor(i / scale_factor)``.
+    ``mode='crop'`` takes one random crop of ``int(scale_factor * side)`` pixels at the same place in
+    every image, its corner drawn from ``rng`` in ``[0, side - crop)``, as Composer draws it. With
     ``resize_targets`` the targets (``(N, H', W')`` or ``(N, H', W', C)`` maps, e.g. segmentation
-    masks) are shrunk the same way: the same crop region, or a resize (nearest for integer labels,
-    bilinear otherwise). A scale that keeps the full size returns the batch unchanged.
+    masks) get the same nearest resize, or the crop region scaled to their size. A ``scale_factor``
+    of 1 or more returns the batch unchanged.
 
     Args:
         x: images ``(N, H, W)`` or ``(N, H, W, C)``, numpy or jax.
         y: targets, returned unchanged unless ``resize_targets``.
-        scale: the scale factor in ``(0, 1]``.
+        scale_factor: the scale factor; at least 1 changes nothing.
         mode: ``'resize'`` or ``'crop'``.
-        size_increment: the new width is a multiple of this many pixels.
         resize_targets: shrink the targets too.
         rng: the generator that places the crop (required for ``mode='crop'``).
 
@@ -113,37 +118,34 @@ def resize_batch(
         ``(x, y)`` resized.
 
     Example:
-        >>> x = np.ones((2, 8, 8, 3), np.float32)
-        >>> x_small, y_small = resize_batch(x, np.arange(2), 0.5, size_increment=2)
-        >>> x_small.shape, y_small.tolist()
-        ((2, 4, 4, 3), [0, 1])
+        >>> x = np.arange(16).reshape(1, 4, 4)
+        >>> x_small, y_small = resize_batch(x, np.arange(1), 0.5)
+        >>> x_small[0].tolist(), y_small.tolist()
+        ([[0, 2], [8, 10]], [0])
     """
     if mode not in _MODES:
         raise ValueError(f"mode={mode!r}: expected one of {', '.join(map(repr, _MODES))}")
     height, width = _spatial_shape(x, "x")
-    new_height, new_width = scaled_size(height, width, scale, size_increment)
-    if (new_height, new_width) == (height, width):
-        return x, y
     if resize_targets:
         target_height, target_width = _spatial_shape(y, "y (resize_targets=True)")
-        new_target = (max(target_height * new_height // height, 1), max(target_width * new_width // width, 1))
-    if mode == "crop":
-        if rng is None:
-            raise ValueError("resize_batch(mode='crop') needs rng, a numpy Generator placing the crop")
-        top = int(rng.integers(0, height - new_height + 1))
-        left = int(rng.integers(0, width - new_width + 1))
-        x = x[:, top:top + new_height, left:left + new_width]
-        if resize_targets:
-            target_top, target_left = top * target_height // height, left * target_width // width
-            y = y[:, target_top:target_top + new_target[0], target_left:target_left + new_target[1]]
+    if scale_factor >= 1:
         return x, y
-    x = _resize(x, (np.shape(x)[0], new_height, new_width, *np.shape(x)[3:]), "bilinear")
+    if mode == "resize":
+        x = interpolate_nearest(x, scale_factor)
+        return x, (interpolate_nearest(y, scale_factor) if resize_targets else y)
+    if rng is None:
+        raise ValueError("resize_batch(mode='crop') needs rng, a numpy Generator placing the crop")
+    crop_height, crop_width = int(scale_factor * height), int(scale_factor * width)
+    if crop_height < 1 or crop_width < 1:
+        raise ValueError(f"scale_factor={scale_factor!r}: a crop of {height}x{width} images would be empty")
+    top = int(rng.integers(0, height - crop_height))
+    left = int(rng.integers(0, width - crop_width))
+    x = x[:, top:top + crop_height, left:left + crop_width]
     if resize_targets:
-        method = "bilinear" if jnp.issubdtype(y.dtype, jnp.floating) else "nearest"
-        y = _resize(y, (np.shape(y)[0], *new_target, *np.shape(y)[3:]), method)
+        target_top, target_left = int(target_height / height * top), int(target_width / width * left)
+        y = y[:, target_top:target_top + int(scale_factor * target_height),
+              target_left:target_left + int(scale_factor * target_width)]
     return x, y
-
-
 
 
 class ProgressiveResizing(Algorithm):
@@ -154,8 +156,8 @@ class ProgressiveResizing(Algorithm):
     resized.
 
     Args:
-        mode: ``'resize'`` (bilinear, antialiased) or ``'crop'`` (one random crop per batch, placed
-            by a numpy generator seeded from the run's seed and the batch number).
+        mode: ``'resize'`` (nearest neighbour, torch's ``F.interpolate``) or ``'crop'`` (one random
+            crop per batch, placed by a numpy generator seeded from the run's seed and the batch number).
         initial_scale: the scale of the images at the start, in ``(0, 1]``.
         finetune_fraction: the fraction of training at the end spent on full-size images.
         delay_fraction: the fraction of training at the start spent at ``initial_scale``.
@@ -244,7 +246,9 @@ class ProgressiveResizing(Algorithm):
             if self._crop_seed is None:
                 self._crop_seed = [int(word) for word in np.asarray(jax.random.key_data(state.rng)).ravel()]
             rng = np.random.default_rng([*self._crop_seed, state.timestamp.batch.value])
-        new_x, new_y = resize_batch(x, y, scale, self.mode, self.size_increment, self.resize_targets, rng)
+        width = self._full_size[1]
+        factor = pinned_scale(width, scale, self.size_increment)
+        new_x, new_y = resize_batch(x, y, factor, self.mode, self.resize_targets, rng)
         if new_x is not x:
             state.batch_set_item(self.input_key, new_x)
         if self.resize_targets and new_y is not y:

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import optax
 
 from composerjax import Algorithm, Event, Logger, State
+from composerjax.algorithms.interpolate import interpolate_bilinear
 
 __all__ = [
     "per_example_loss",
@@ -22,6 +23,7 @@ __all__ = [
     "selection_indices",
     "select_using_loss",
     "should_selective_backprop",
+    "downscale_for_scoring",
     "SelectiveBackprop",
 ]
 
@@ -106,12 +108,21 @@ def should_selective_backprop(progress: float, batch_in_epoch: int, start: float
     return in_window and (interrupt == 0 or (batch_in_epoch + 1) % interrupt != 0)
 
 
-def _downscaled(images: jax.Array, scale_factor: float) -> jax.Array:
-    if images.ndim < 3:
+def downscale_for_scoring(images: jax.Array, scale_factor: float) -> jax.Array:
+    """Shrink ``(N, H, W)`` or ``(N, H, W, C)`` images as Composer's scoring pass does, with torch's bilinear resize.
+
+    ``F.interpolate(x, scale_factor=scale_factor, mode='bilinear', align_corners=False,
+    recompute_scale_factor=False)``: sides ``floor(side * scale_factor)``, no antialiasing (see
+    :func:`~composerjax.algorithms.interpolate.interpolate_bilinear`).
+
+    Example:
+        >>> downscale_for_scoring(jnp.arange(16.0).reshape(1, 4, 4), 0.5)[0].tolist()
+        [[2.5, 4.5], [10.5, 12.5]]
+    """
+    if images.ndim not in (3, 4):
         raise ValueError(f"SelectiveBackprop(scale_factor={scale_factor}) downscales images (N, H, W) or "
                          f"(N, H, W, C); the inputs have shape {images.shape}")
-    height, width = (max(int(images.shape[axis] * scale_factor), 1) for axis in (1, 2))
-    return jax.image.resize(images, (images.shape[0], height, width, *images.shape[3:]), "bilinear")
+    return interpolate_bilinear(images, scale_factor)
 
 
 class SelectiveBackprop(Algorithm):
@@ -131,7 +142,7 @@ class SelectiveBackprop(Algorithm):
         end: the fraction of training at which it stops (exclusive).
         keep: the fraction of each batch kept, in ``(0, 1]`` (``1`` disables the algorithm).
         scale_factor: downscale image inputs ``(N, H, W[, C])`` by this factor for the scoring pass
-            only (bilinear), in ``(0, 1]``.
+            only, in ``(0, 1]`` (torch's bilinear ``F.interpolate``, see :func:`downscale_for_scoring`).
         interrupt: take a plain step every ``interrupt``-th batch of the epoch inside the window
             (``0``: never).
         input_key: where the inputs are in the batch (downscaled for scoring).
@@ -188,7 +199,7 @@ class SelectiveBackprop(Algorithm):
         scoring_batch = state.batch
         if self.scale_factor < 1:
             scoring_batch = _replaced(state, self.input_key,
-                                      _downscaled(state.batch_get_item(self.input_key), self.scale_factor))
+                                      downscale_for_scoring(state.batch_get_item(self.input_key), self.scale_factor))
         outputs = jax.lax.stop_gradient(state.forward(state.params, scoring_batch))
         losses = per_example_loss(outputs, targets)
         indices = selection_indices(losses, self.keep, jax.random.fold_in(state.step_rng, self.rng_stream))

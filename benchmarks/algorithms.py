@@ -54,9 +54,9 @@ IMAGE_ALGORITHMS: dict[str, Callable[[], Any]] = {
 TEXT_ALGORITHMS: dict[str, Callable[[], Any]] = {
     "SeqLengthWarmup": lambda: alg.SeqLengthWarmup(duration=0.5, min_seq_length=16, max_seq_length=64,
                                                    step_size=16),
-    "Alibi": lambda: alg.Alibi(max_sequence_length=64),
+    "Alibi": lambda: alg.Alibi(max_sequence_length=64, train_sequence_length_scaling=1.0),
     "GatedLinearUnits": lambda: alg.GatedLinearUnits(),
-    "LowPrecisionLayerNorm": lambda: alg.LowPrecisionLayerNorm(),
+    "LowPrecisionLayerNorm": lambda: alg.LowPrecisionLayerNorm(precision="bf16"),
 }
 SCHEDULES = {"ProgressiveResizing", "SeqLengthWarmup"}
 

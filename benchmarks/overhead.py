@@ -75,7 +75,7 @@ RECIPE_ALGORITHMS: dict[str, Callable[[], Any]] = {
     "clip": lambda: alg.GradientClipping("norm", CLIP),
     "ema": lambda: alg.EMA(half_life=None, smoothing=EMA_DECAY),
     "sam": lambda: alg.SAM(rho=RHO),
-    "alibi": lambda: alg.Alibi(max_sequence_length=64),
+    "alibi": lambda: alg.Alibi(max_sequence_length=64, train_sequence_length_scaling=1.0),
 }
 
 

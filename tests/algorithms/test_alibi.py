@@ -123,6 +123,30 @@ def test_sequence_length_scaling_reshapes_the_batch_keeping_every_token():
         Alibi(train_sequence_length_scaling=0.3)
 
 
+def test_scaling_refuses_batches_whose_axis_1_is_not_one_sequence_axis():
+    tokens = np.arange(16).reshape(2, 8)
+    one_hot = np.eye(3)[[0, 2]]  # (2, 3): a per-sample array whose axis 1 is not the sequence
+    with pytest.raises(ValueError, match=r"same \(N, T\).*\(2, 3\), \(2, 8\)"):
+        scale_sequence_length({"input_ids": tokens, "labels": one_hot}, 0.25)
+    with pytest.raises(ValueError, match="no \\(N, T, ...\\) array"):
+        scale_sequence_length((np.arange(4),), 0.5)
+    assert scale_sequence_length((np.arange(4),), 1.0)[0].tolist() == [0, 1, 2, 3]  # scaling 1: untouched
+    # a dict batch like Composer's, with a (N, T, D) array: trailing axes are kept
+    batch = {"input_ids": tokens, "attention_mask": np.ones((2, 8)), "embeddings": np.arange(48).reshape(2, 8, 3)}
+    cut = scale_sequence_length(batch, 0.25)
+    assert cut["input_ids"].tolist() == np.arange(16).reshape(8, 2).tolist()
+    np.testing.assert_array_equal(cut["embeddings"], np.arange(48).reshape(8, 2, 3))
+
+
+def test_default_scaling_is_composers_quarter_length():
+    assert Alibi().train_sequence_length_scaling == 0.25 and Alibi().max_sequence_length == 8192
+    x, y = byte_windows(load_pydoc_bytes()[:20000], 32)
+    trainer = Trainer(ComposerClassifier(tiny_gpt(), 256), ArrayLoader((x[:8], y[:8]), 8, shuffle=False), "1ba",
+                      optax.adam(1e-2), algorithms=[Alibi(max_sequence_length=32)], progress_bar=False)
+    trainer.fit()
+    assert trainer.state.timestamp.sample == 32  # 8 sequences of 32 -> 32 of 8
+
+
 def test_training_with_half_length_sequences_sees_twice_the_samples_and_compiles_once():
     x, y = byte_windows(load_pydoc_bytes()[:20000], 32)
     trainer = Trainer(ComposerClassifier(tiny_gpt(), 256), ArrayLoader((x[:32], y[:32]), 8, shuffle=False), "3ba",

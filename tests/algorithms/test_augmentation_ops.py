@@ -146,11 +146,49 @@ def test_translate_by_whole_pixels_is_a_roll_with_zero_fill(pixels):
     np.testing.assert_array_equal(translate_y(x, pixels), shifted_rows)
 
 
-def test_shear_by_1_shifts_each_row_by_its_offset_from_the_centre():
-    x = levels_image((3, 6), seed=7)
-    expected = np.stack([np.concatenate([[0.0], x[0, :-1]]), x[1], np.concatenate([x[2, 1:], [0.0]])])
-    np.testing.assert_array_equal(shear_x(x, 1.0), expected)
-    np.testing.assert_array_equal(shear_y(x.T, 1.0), expected.T)
+@pytest.mark.parametrize(
+    ("factor", "expected"),
+    [
+        # row r reads column c + factor * (r + 0.5): about the top edge, as PIL's AFFINE (1, factor, 0, 0, 1, 0)
+        (2.0, [[2.0, 3.0, 0.0], [0.0, 0.0, 0.0]]),  # whole columns: c + 1, c + 3
+        # c + 0.25 and c + 0.75; column 2.25 clamps to the last pixel, 2.75 lies past the edge (fill 0)
+        (0.5, [[1.25, 2.25, 3.0], [4.75, 5.75, 0.0]]),
+        # c - 0.25 clamps to column 0 in row 0; c - 0.75 = -0.75 lies past the edge in row 1
+        (-0.5, [[1.0, 1.75, 2.75], [0.0, 4.25, 5.25]]),
+    ],
+)
+def test_shear_is_about_the_top_left_corner_like_pil(factor, expected):
+    x = np.array([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]], np.float32) / 8
+    np.testing.assert_allclose(shear_x(x, factor), np.asarray(expected) / 8, atol=1e-7)
+    np.testing.assert_allclose(shear_y(x.T, factor), np.asarray(expected).T / 8, atol=1e-7)
+
+
+def pil_float(image: np.ndarray):
+    from PIL import Image
+
+    return Image.fromarray(image.astype(np.float32))  # mode 'F': PIL's own bilinear, without 8-bit rounding
+
+
+@pytest.mark.parametrize("shape", [(5, 7), (8, 8)])
+def test_geometric_ops_match_pils_bilinear_transforms(shape):
+    from PIL import Image
+
+    affine, bilinear = Image.Transform.AFFINE, Image.Resampling.BILINEAR
+    x = levels_image(shape, seed=14)
+    image = pil_float(x)
+    for level in (0.3, -0.27, 1.3):
+        pil_shear_x = image.transform(image.size, affine, (1, level, 0, 0, 1, 0), resample=bilinear)
+        pil_shear_y = image.transform(image.size, affine, (1, 0, 0, level, 1, 0), resample=bilinear)
+        np.testing.assert_allclose(shear_x(x, level), np.asarray(pil_shear_x), atol=1e-5)
+        np.testing.assert_allclose(shear_y(x, level), np.asarray(pil_shear_y), atol=1e-5)
+    for level in (2, -1):  # Composer's translate by `level` moves the content by -level
+        pil_x = image.transform(image.size, affine, (1, 0, level, 0, 1, 0), resample=bilinear)
+        pil_y = image.transform(image.size, affine, (1, 0, 0, 0, 1, level), resample=bilinear)
+        np.testing.assert_allclose(translate_x(x, -level), np.asarray(pil_x), atol=1e-6)
+        np.testing.assert_allclose(translate_y(x, -level), np.asarray(pil_y), atol=1e-6)
+    for degrees in (7, -13, 30):
+        np.testing.assert_allclose(rotate(x, float(degrees)), np.asarray(image.rotate(degrees, resample=bilinear)),
+                                   atol=1e-5)
 
 
 def test_ops_take_hw_and_hwc_images_alike():
@@ -190,14 +228,46 @@ def every_augmentation(image: jax.Array, draws: jax.Array, severity: jax.Array) 
     return jnp.stack([a.apply(image, draws, severity) for a in AUGMENTATION_SETS["all"]])
 
 
-def test_severity_0_makes_the_geometric_solarize_and_enhancement_augmentations_identities():
+def test_severity_0_makes_the_geometric_solarize_and_enhancement_augmentations_near_identities():
+    # Composer's level is uniform in [0.1, severity]: at severity 0 it lies in (0, 0.1] (here 0.01).
     x = jnp.asarray(levels_image((8, 8, 3), seed=9))
     draws = jnp.asarray([0.9, 0.2, 0.7, 0.6], jnp.float32)
     outputs = every_augmentation(x, draws, 0.0)
     for augmentation, out in zip(AUGMENTATION_SETS["all"], outputs):
         if augmentation.name in ("autocontrast", "equalize", "posterize"):
             continue  # no intensity (autocontrast, equalize) or 4 bits at the weakest (posterize)
+        if augmentation.name.startswith("shear"):  # a shear of 0.3 * 0.01 / 10
+            assert 0 < np.abs(np.asarray(out) - x).max() < 0.01
+            continue
         np.testing.assert_allclose(out, x, atol=1e-6, err_msg=augmentation.name)
+
+
+def by_name(name: str) -> Augmentation:
+    return next(a for a in AUGMENTATION_SETS["all"] if a.name == name)
+
+
+def test_levels_start_at_composers_floor_of_0_1():
+    # draw 0 at severity 10: level 0.1, solarize threshold 256 - int(0.1 * 256 / 10) = 254
+    x = jnp.asarray([[253.0, 254.0, 255.0]], jnp.float32)[..., None] / 255
+    out = by_name("solarize").apply(x, jnp.asarray([0.0, 0.0, 0.0, 0.0], jnp.float32), 10.0)
+    np.testing.assert_allclose(np.asarray(out)[0, :, 0] * 255, [253.0, 1.0, 0.0], atol=1e-4)
+    # draw 1 at severity 10: level 10, shear 0.3 (sign draw 0.9: positive), about the top edge
+    image = jnp.asarray(levels_image((4, 4, 1), seed=15))
+    sheared = by_name("shear_x").apply(image, jnp.asarray([1.0, 0.9, 0.0, 0.0], jnp.float32), 10.0)
+    np.testing.assert_allclose(sheared, shear_x(image, 0.3), atol=1e-6)
+
+
+def test_brightening_is_scaled_by_three_quarters_as_in_composer():
+    x = jnp.full((2, 2, 3), 0.1, jnp.float32)
+    # coin 0.2 < 0.5: factor 1 + 0.5 * (9 - 1) = 5, brightening, so 0.75 * 5 = 3.75
+    up = by_name("brightness").apply(x, jnp.asarray([0.0, 0.0, 0.2, 0.5], jnp.float32), 9.0)
+    np.testing.assert_allclose(up, np.full((2, 2, 3), 0.375), rtol=1e-6)
+    # coin 0.7: factor 1 - 0.5 * 0.09 * 9 = 0.595, darkening, unscaled
+    down = by_name("brightness").apply(x, jnp.asarray([0.0, 0.0, 0.7, 0.5], jnp.float32), 9.0)
+    np.testing.assert_allclose(down, np.full((2, 2, 3), 0.0595), rtol=1e-5)
+    # contrast and the rest keep the symmetric factor 5
+    contrasted = by_name("contrast").apply(x.at[0, 0].set(0.2), jnp.asarray([0.0, 0.0, 0.2, 0.5], jnp.float32), 9.0)
+    np.testing.assert_allclose(contrasted, np.asarray(contrast(x.at[0, 0].set(0.2), 5.0)), rtol=1e-6)
 
 
 def test_every_augmentation_keeps_shape_and_range_at_full_severity():

@@ -9,7 +9,7 @@ import optax
 import pytest
 from flax import nnx
 
-from composerjax import ArrayLoader, ComposerClassifier, Trainer
+from composerjax import ArrayLoader, ComposerClassifier, Event, Logger, State, Trainer
 from composerjax.algorithms.factorize import (
     Factorize,
     FactorizedConv,
@@ -151,3 +151,26 @@ def test_factorized_resnet_trains():
     assert not np.allclose(kernel, end["module"]["blocks"][0]["conv1"]["conv0"]["kernel"])
     assert np.isfinite(float(trainer.state.loss))
     assert trainer.compile_count == 1
+
+
+def test_defaults_are_composers_class_and_function_defaults():
+    algorithm = Factorize()
+    assert (algorithm.factorize_convs, algorithm.factorize_linears, algorithm.min_channels, algorithm.latent_channels,
+            algorithm.min_features, algorithm.latent_features) == (True, True, 256, 0.25, 256, 128)
+
+    def wide() -> nnx.Sequential:
+        return nnx.Sequential(nnx.Linear(300, 300, rngs=nnx.Rngs(0)), nnx.Linear(300, 256, rngs=nnx.Rngs(1)))
+
+    # the algorithm: 128 latent features (an integer is the rank itself, not a fraction of 300)
+    model = wide()
+    state = State(model=model, max_duration="1ba")
+    algorithm.apply(Event.INIT, state, Logger(state))
+    assert isinstance(model.layers[0], FactorizedLinear) and model.layers[0].latent_features == 128
+    assert isinstance(model.layers[1], FactorizedLinear) and model.layers[1].latent_features == 128
+    # the function: Composer's apply_factorization defaults, min_features=512, so 300-wide layers stay
+    assert apply_factorization(wide()) == 0
+    model = nnx.Sequential(nnx.Linear(512, 512, rngs=nnx.Rngs(0)))
+    assert apply_factorization(model) == 1 and model.layers[0].latent_features == 128  # 0.25 * 512
+    # 256 x 256 at rank 128 holds as many weights as the original: not worth it, as in Composer
+    assert apply_factorization(nnx.Sequential(nnx.Linear(256, 256, rngs=nnx.Rngs(0))), min_features=256,
+                               latent_features=128) == 0

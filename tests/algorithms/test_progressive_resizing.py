@@ -1,4 +1,4 @@
-"""ProgressiveResizing: the schedule's closed form, exact bilinear resizes, one compile per planned size."""
+"""ProgressiveResizing: the schedule's closed form, torch's nearest resize and crops, one compile per planned size."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from flax import nnx
 from composerjax import Callback, ComposerClassifier, Event, Logger, State, Timestamp, Trainer
 from composerjax.algorithms.progressive_resizing import (
     ProgressiveResizing,
+    pinned_scale,
     resize_batch,
     resizing_scale,
     scaled_size,
@@ -42,46 +43,74 @@ def test_size_is_the_scaled_width_rounded_to_the_increment(progress):
     assert width % 4 == 0
 
 
-def test_scaled_size_keeps_the_aspect_ratio_and_a_minimum_increment():
+def test_scaled_size_pins_the_width_and_floors_both_sides_like_composer():
     assert scaled_size(16, 32, 0.5, 4) == (8, 16)
     assert scaled_size(8, 8, 0.1, 4) == (4, 4)  # never below one increment
     assert scaled_size(8, 8, 1.0, 4) == (8, 8)
+    assert scaled_size(8, 8, 0.9, 4) == (8, 8)  # 7.2 rounds to the full width 8
+    # width 20 * 0.35 = 7 (increment 7); height floor(10 * 7 / 20) = 3
+    assert pinned_scale(20, 0.35, 7) == 0.35 and scaled_size(10, 20, 0.35, 7) == (3, 7)
 
 
-def test_resize_mode_is_exactly_jax_bilinear_resize():
-    x = np.random.default_rng(0).normal(size=(3, 12, 12, 2)).astype(np.float32)
-    y = np.arange(3)
-    x_small, y_small = resize_batch(x, y, 0.5, "resize", size_increment=2)
-    np.testing.assert_array_equal(np.asarray(x_small), np.asarray(jax.image.resize(x, (3, 6, 6, 2), "bilinear")))
+def gathered(x: np.ndarray, rows: list[int], cols: list[int]) -> np.ndarray:
+    return x[:, rows][:, :, cols]
+
+
+@pytest.mark.parametrize(
+    ("shape", "scale_factor", "rows", "cols"),
+    [
+        ((4, 4), 0.5, [0, 2], [0, 2]),  # floor(i * 2)
+        ((5, 5), 0.6, [0, 1, 3], [0, 1, 3]),  # floor(i * 1.667) = floor(0, 1.67, 3.33)
+        # 1 / 0.35 = 2.857 for both sides (torch's ratio is 1 / scale_factor, not 10 / 3 for the rows)
+        ((10, 20), 0.35, [0, 2, 5], [0, 2, 5, 8, 11, 14, 17]),
+        ((6, 6), 0.75, [0, 1, 2, 4], [0, 1, 2, 4]),  # floor(i * 1.333)
+    ],
+)
+def test_resize_mode_is_torch_nearest_with_the_given_scale_factor(shape, scale_factor, rows, cols):
+    x = np.random.default_rng(0).normal(size=(2, *shape, 3)).astype(np.float32)
+    y = np.arange(2)
+    x_small, y_small = resize_batch(x, y, scale_factor, "resize")
+    np.testing.assert_array_equal(x_small, gathered(x, rows, cols))
     assert y_small is y
-    # channel-less images too
-    x_small, _ = resize_batch(x[..., 0], y, 0.5, "resize", size_increment=2)
-    np.testing.assert_array_equal(np.asarray(x_small), np.asarray(jax.image.resize(x[..., 0], (3, 6, 6), "bilinear")))
+    x_small, _ = resize_batch(x[..., 0], y, scale_factor, "resize")  # channel-less images too
+    np.testing.assert_array_equal(x_small, gathered(x[..., 0], rows, cols))
 
 
-def test_full_scale_returns_the_batch_untouched():
+def test_a_scale_factor_of_one_returns_the_batch_untouched():
     x = np.zeros((2, 8, 8), np.float32)
     y = np.zeros(2, np.int32)
     assert resize_batch(x, y, 1.0) == (x, y)
-    assert resize_batch(x, y, 0.9, size_increment=4)[0] is x  # 7.2 rounds to the full width 8
+    assert resize_batch(x, y, 1.25, "crop")[0] is x
 
 
 def test_crop_mode_takes_the_same_window_of_inputs_and_targets():
     x = np.arange(2 * 8 * 8, dtype=np.float32).reshape(2, 8, 8)
     masks = np.arange(2 * 8 * 8, dtype=np.int32).reshape(2, 8, 8) % 5
-    x_crop, y_crop = resize_batch(x, masks, 0.5, "crop", 4, resize_targets=True, rng=np.random.default_rng(3))
+    x_crop, y_crop = resize_batch(x, masks, 0.5, "crop", resize_targets=True, rng=np.random.default_rng(3))
     draws = np.random.default_rng(3)
-    top, left = int(draws.integers(0, 5)), int(draws.integers(0, 5))
+    top, left = int(draws.integers(0, 4)), int(draws.integers(0, 4))  # Composer: randint(8 - 4), in [0, 4)
     np.testing.assert_array_equal(x_crop, x[:, top:top + 4, left:left + 4])
     np.testing.assert_array_equal(y_crop, masks[:, top:top + 4, left:left + 4])
 
 
-def test_integer_targets_are_resized_nearest():
-    x = np.ones((2, 8, 8), np.float32)
-    masks = np.repeat(np.repeat(np.array([[[0, 1], [2, 3]]] * 2, np.int32), 4, axis=1), 4, axis=2)
-    _, y_small = resize_batch(x, masks, 0.5, "resize", 4, resize_targets=True)
+def test_crop_of_smaller_targets_takes_the_scaled_window():
+    x = np.arange(8 * 8, dtype=np.float32).reshape(1, 8, 8)
+    masks = np.arange(4 * 4).reshape(1, 4, 4)
+    _, y_crop = resize_batch(x, masks, 0.5, "crop", resize_targets=True, rng=np.random.default_rng(5))
+    draws = np.random.default_rng(5)
+    top, left = int(draws.integers(0, 4)), int(draws.integers(0, 4))
+    np.testing.assert_array_equal(y_crop, masks[:, top // 2:top // 2 + 2, left // 2:left // 2 + 2])
+
+
+def test_targets_are_resized_nearest_like_the_images():
+    x = np.ones((1, 8, 8), np.float32)
+    masks = np.arange(64, dtype=np.int32).reshape(1, 8, 8)
+    soft = masks.astype(np.float32) / 64
+    _, y_small = resize_batch(x, masks, 0.5, "resize", resize_targets=True)
     assert y_small.dtype == np.int32
-    np.testing.assert_array_equal(np.asarray(y_small), np.asarray(jax.image.resize(masks, (2, 4, 4), "nearest")))
+    np.testing.assert_array_equal(y_small, gathered(masks, [0, 2, 4, 6], [0, 2, 4, 6]))
+    _, soft_small = resize_batch(x, soft, 0.5, "resize", resize_targets=True)  # float maps: nearest too
+    np.testing.assert_array_equal(soft_small, gathered(soft, [0, 2, 4, 6], [0, 2, 4, 6]))
 
 
 class RecordBatches(Callback):
@@ -118,10 +147,11 @@ def test_a_run_compiles_once_per_planned_size_and_feeds_exact_resizes():
     assert trainer.compile_count == len(planned)
     assert algorithm.planned_sizes(trainer.state) == planned  # the full size is remembered from the batches
 
-    for step, image in enumerate(recorder.images):
+    # torch's nearest indices floor(i * 16 / width): 1 / 0.5 = 2 and 1 / 0.75 = 1.3333334 in float32
+    sources = {8: list(range(0, 16, 2)), 12: [0, 1, 2, 4, 5, 6, 8, 9, 10, 12, 13, 14], 16: list(range(16))}
+    for step, (image, width) in enumerate(zip(recorder.images, widths)):
         original = x[4 * step:4 * step + 4]
-        np.testing.assert_array_equal(image, np.asarray(jax.image.resize(original, (4, *image.shape[1:]),
-                                                                          "bilinear")))
+        np.testing.assert_array_equal(image, gathered(original, sources[width], sources[width]))
 
 
 def crop_at(algorithm: ProgressiveResizing, batch: tuple, step: int, seed: int = 0) -> np.ndarray:
@@ -139,7 +169,7 @@ def test_crops_are_windows_placed_by_a_generator_seeded_from_the_run_rng_and_the
         crop = crop_at(algorithm, (x, y), step, seed)
         key_words = np.asarray(jax.random.key_data(jax.random.key(seed))).ravel().tolist()
         draws = np.random.default_rng([*key_words, step])
-        top, left = int(draws.integers(0, 9)), int(draws.integers(0, 9))
+        top, left = int(draws.integers(0, 8)), int(draws.integers(0, 8))
         np.testing.assert_array_equal(crop, x[:, top:top + 8, left:left + 8])
 
 

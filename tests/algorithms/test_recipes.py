@@ -81,8 +81,8 @@ def test_two_loss_interpolations_warn():
 def test_language_model_recipe_trains_and_orders_low_precision_layernorm_last():
     x, y = byte_windows(load_pydoc_bytes()[:20_000], 32)
     recipe = [
-        LowPrecisionLayerNorm(),
-        Alibi(max_sequence_length=64),
+        LowPrecisionLayerNorm(),  # converts in an amp_bf16 run, as Composer's
+        Alibi(max_sequence_length=64, train_sequence_length_scaling=1.0),
         GatedLinearUnits(),
         SeqLengthWarmup(duration=0.5, min_seq_length=8, max_seq_length=32, step_size=8),
         GradientClipping("norm", 1.0),
@@ -90,7 +90,7 @@ def test_language_model_recipe_trains_and_orders_low_precision_layernorm_last():
     ]
     model = TinyGPT(dim=32, depth=1, num_heads=2, max_length=32, rngs=nnx.Rngs(0))
     trainer = Trainer(ComposerClassifier(model, 256), ArrayLoader((x, y), 16, seed=0), "8ba", optax.adam(3e-3),
-                      algorithms=recipe, progress_bar=False)
+                      algorithms=recipe, progress_bar=False, precision="amp_bf16")
     init_order = [t.name for t in trainer.engine.trace_log if t.event == Event.INIT]
     assert init_order[-1] == "LowPrecisionLayerNorm"
     assert "position" not in trainer.state.train_state.params["module"] or not jax.tree.leaves(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
@@ -61,6 +62,43 @@ def test_regrouping_keeps_every_token_up_to_the_remainder_and_the_pairs_aligned(
         assert new_inputs.shape == new_targets.shape == (kept // seq_len, seq_len)
         np.testing.assert_array_equal(new_inputs.ravel(), inputs.ravel()[:kept])
         np.testing.assert_array_equal(new_targets[:, :-1], new_inputs[:, 1:])  # still next-byte pairs
+
+
+def test_preserve_end_of_sequence_moves_each_last_real_token_into_the_cut_sequence():
+    # Composer's docstring example: [10, 11, 12, 13, 14, 15] cut to 3 keeps 15 at the end
+    input_ids = np.array([[10, 11, 12, 13, 14, 15],   # 6 real tokens: the end 15 goes to position 2
+                          [20, 21, 22, 23, 0, 0],     # 4 real tokens: the end 23 goes to position 2
+                          [30, 31, 0, 0, 0, 0]])      # 2 real tokens: already inside, position 1 keeps 31
+    mask = (input_ids > 0).astype(np.int32)
+    labels = input_ids + 100
+    features = np.stack([input_ids, -input_ids], axis=-1)  # (N, T, 2): whole positions move
+    batch = {"input_ids": input_ids, "attention_mask": mask, "labels": labels, "features": features}
+    cut = set_batch_sequence_length(batch, 3, preserve_end_of_sequence=True)
+    assert cut["input_ids"].tolist() == [[10, 11, 15], [20, 21, 23], [30, 31, 0]]
+    assert cut["labels"].tolist() == [[110, 111, 115], [120, 121, 123], [130, 131, 100]]
+    assert cut["attention_mask"].tolist() == [[1, 1, 1], [1, 1, 1], [1, 1, 0]]
+    np.testing.assert_array_equal(cut["features"][..., 1], -cut["input_ids"])
+    np.testing.assert_array_equal(batch["input_ids"][0], [10, 11, 12, 13, 14, 15])  # the input is not modified
+    # without it, plain truncation; with truncate=False it is ignored, as in Composer
+    assert set_batch_sequence_length(batch, 3)["input_ids"].tolist() == [[10, 11, 12], [20, 21, 22], [30, 31, 0]]
+    regrouped = set_batch_sequence_length(batch, 3, truncate=False, preserve_end_of_sequence=True)
+    assert regrouped["input_ids"].tolist() == input_ids.reshape(6, 3).tolist()
+    # jax arrays take the same path
+    cut_jax = set_batch_sequence_length({k: jnp.asarray(v) for k, v in batch.items()}, 3, preserve_end_of_sequence=True)
+    assert cut_jax["input_ids"].tolist() == [[10, 11, 15], [20, 21, 23], [30, 31, 0]]
+
+
+def test_preserve_end_of_sequence_needs_an_attention_mask():
+    with pytest.raises(ValueError, match="preserve_end_of_sequence=True.*'attention_mask'.*tuple"):
+        set_batch_sequence_length((np.zeros((2, 6)), np.zeros((2, 6))), 3, preserve_end_of_sequence=True)
+    with pytest.raises(ValueError, match=r"keys \['input_ids'\]"):
+        set_batch_sequence_length({"input_ids": np.zeros((2, 6))}, 3, preserve_end_of_sequence=True)
+
+
+def test_defaults_are_composers():
+    algorithm = SeqLengthWarmup()
+    assert (algorithm.duration, algorithm.min_seq_length, algorithm.max_seq_length, algorithm.step_size,
+            algorithm.truncate, algorithm.preserve_end_of_sequence) == (0.3, 8, 1024, 8, True, False)
 
 
 def test_bad_batches_are_rejected():
