@@ -24,6 +24,7 @@ from composerjax.algorithms.gradient_clipping import GradientClipping, clip_grad
 from composerjax.algorithms.gyro_dropout import GyroDropout, apply_gyro_dropout
 from composerjax.algorithms.label_smoothing import LabelSmoothing, smooth_labels
 from composerjax.algorithms.layer_freezing import LayerFreezing, freeze_layers
+from composerjax.algorithms.low_precision_groupnorm import LowPrecisionGroupNorm, apply_low_precision_groupnorm
 from composerjax.algorithms.low_precision_layernorm import LowPrecisionLayerNorm, apply_low_precision_layernorm
 from composerjax.algorithms.mixup import MixUp, mixup_batch
 from composerjax.algorithms.no_op_model import NoOpModel, NoOpModelClass
@@ -54,6 +55,7 @@ __all__ = [
     "GyroDropout",
     "LabelSmoothing",
     "LayerFreezing",
+    "LowPrecisionGroupNorm",
     "LowPrecisionLayerNorm",
     "MixUp",
     "NoOpModel",
@@ -76,6 +78,7 @@ __all__ = [
     "apply_gated_linear_units",
     "apply_ghost_batchnorm",
     "apply_gyro_dropout",
+    "apply_low_precision_groupnorm",
     "apply_low_precision_layernorm",
     "apply_squeeze_excite",
     "apply_stochastic_depth",

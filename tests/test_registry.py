@@ -21,7 +21,15 @@ from composerjax import Algorithm, Callback, ComposerClassifier, LoggerDestinati
 from composerjax.algorithms import EMA, MixUp, NoOpModel
 from composerjax.callbacks import SpeedMonitor, ThresholdStopper
 from composerjax.data.factories import DataSplits, digits, pydoc_text
-from composerjax.loggers import ConsoleLogger, FileLogger, InMemoryLogger, ProgressBarLogger, TensorboardLogger
+from composerjax.loggers import (
+    ConsoleLogger,
+    FileLogger,
+    InMemoryLogger,
+    MLFlowLogger,
+    ProgressBarLogger,
+    TensorboardLogger,
+    WandBLogger,
+)
 from composerjax.models import factories
 from composerjax.registry import Registry, UnknownNameError, describe_hparams, docstring_args, hparams_model
 
@@ -55,7 +63,8 @@ def test_builtin_names_resolve_to_their_classes():
                        "squeeze_excite": "SqueezeExcite", "stochastic_depth": "StochasticDepth",
                        "ghost_batchnorm": "GhostBatchNorm", "weight_standardization": "WeightStandardization",
                        "factorize": "Factorize", "alibi": "Alibi", "gated_linear_units": "GatedLinearUnits",
-                       "no_op_model": "NoOpModel"},
+                       "no_op_model": "NoOpModel", "gyro_dropout": "GyroDropout", "channels_last": "ChannelsLast",
+                       "low_precision_groupnorm": "LowPrecisionGroupNorm"},
         "callbacks": {"speed_monitor": "SpeedMonitor", "lr_monitor": "LRMonitor", "memory_monitor": "MemoryMonitor",
                       "optimizer_monitor": "OptimizerMonitor", "early_stopper": "EarlyStopper",
                       "threshold_stopper": "ThresholdStopper", "nan_monitor": "NaNMonitor",
@@ -72,6 +81,7 @@ def test_builtin_names_resolve_to_their_classes():
     assert registry.loggers.get("tensorboard") is TensorboardLogger
     assert registry.loggers.get("file") is FileLogger
     assert registry.loggers.get("in_memory") is InMemoryLogger
+    assert registry.loggers.get("wandb") is WandBLogger and registry.loggers.get("mlflow") is MLFlowLogger
     assert {"digits_cnn", "small_resnet", "tiny_gpt", "mlp"} <= set(registry.models.names())
     assert registry.models.get("tiny_gpt") is factories.tiny_gpt
     assert registry.data.get("digits") is digits and registry.data.get("pydoc_text") is pydoc_text

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 from typing import Any
 
 from composerjax.core.callback import Callback
@@ -16,7 +17,7 @@ from composerjax.core.time import Time, Timestamp, TimeUnit
 from composerjax.trainer.checkpoint import Checkpointer, CheckpointSaveError
 from composerjax.trainer.checkpoint_load import LoadOptions
 from composerjax.trainer.checkpoint_storage import is_remote, storage_for
-from composerjax.trainer.checkpoint_writer import check_template, read_info, resolve_pointer
+from composerjax.trainer.checkpoint_writer import check_template, format_name, read_info, resolve_pointer
 
 __all__ = ["CheckpointSaver", "ABANDON_SAVE_TIMEOUT_S", "DEFAULT_FILENAME", "DEFAULT_LATEST", "checkpoint_location",
            "load_at_start", "refuse_old_checkpoints", "save_now"]
@@ -55,6 +56,18 @@ class CheckpointSaver(Callback):
             ``{sample}``, ``{token}``, ``{run_name}``, ``{rank}`` ... (``ep1-ba8``).
         latest_filename: a symlink in ``folder`` to the newest verified checkpoint (a small file
             naming it where symlinks are not possible); None makes none.
+        remote_file_name: the name (a template with slashes allowed) a verified local checkpoint is
+            handed to loggers that keep files under (``WandBLogger(log_artifacts=True)``,
+            ``MLFlowLogger``), as Composer's; None hands nothing. A checkpoint saved to a bucket is
+            not handed on.
+        latest_remote_file_name: with ``remote_file_name``, also hand loggers Composer's pointer, a
+            ``<name>.symlink`` file holding the newest checkpoint's remote name; None skips it.
+        ignore_keys: Composer leaves these state-dict paths out of the saved file; only None is
+            accepted here (leave them out when loading instead, with ``load_ignore_keys``).
+        num_concurrent_uploads: accepted for Composer's signature (a positive integer); remote
+            saves upload one checkpoint at a time in the writer's background thread.
+        upload_timeout_in_seconds: accepted for Composer's signature (a positive integer); a
+            remote upload is bounded by the save's own wait instead.
 
     Example::
 
@@ -66,9 +79,13 @@ class CheckpointSaver(Callback):
     trace_actions = True
     in_checkpoints = False  # nothing to resume: the trainer's arguments configure it again
 
-    def __init__(self, folder: str | os.PathLike[str], save_interval: Time | str | int = "1ep",
-                 num_checkpoints_to_keep: int = -1, weights_only: bool = False, overwrite: bool = False, *,
-                 filename: str = DEFAULT_FILENAME, latest_filename: str | None = DEFAULT_LATEST) -> None:
+    def __init__(self, folder: str | os.PathLike[str] = "{run_name}/checkpoints", filename: str = DEFAULT_FILENAME,
+                 remote_file_name: str | None = "{run_name}/checkpoints/" + DEFAULT_FILENAME,
+                 latest_filename: str | None = DEFAULT_LATEST,
+                 latest_remote_file_name: str | None = "{run_name}/checkpoints/" + DEFAULT_LATEST,
+                 save_interval: Time | str | int = "1ep", *, overwrite: bool = False, num_checkpoints_to_keep: int = -1,
+                 weights_only: bool = False, ignore_keys: Any = None, num_concurrent_uploads: int = 1,
+                 upload_timeout_in_seconds: int = 3600) -> None:
         if not isinstance(folder, (str, os.PathLike)):
             raise ValueError(f"save_folder={folder!r}: expected a folder path (str) or None")
         if isinstance(num_checkpoints_to_keep, bool) or not isinstance(num_checkpoints_to_keep, int) or (
@@ -78,6 +95,14 @@ class CheckpointSaver(Callback):
         for flag, value in (("save_weights_only", weights_only), ("save_overwrite", overwrite)):
             if not isinstance(value, bool):
                 raise ValueError(f"{flag}={value!r}: expected True or False")
+        if ignore_keys is not None:
+            raise ValueError(f"CheckpointSaver(ignore_keys={ignore_keys!r}): leaving parts out of a saved checkpoint "
+                             "is not supported; save everything and leave them out when loading "
+                             "(Trainer(load_ignore_keys=...)), or pass None")
+        for name, value in (("num_concurrent_uploads", num_concurrent_uploads),
+                            ("upload_timeout_in_seconds", upload_timeout_in_seconds)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"CheckpointSaver({name}={value!r}): expected a positive integer")
         self.folder = os.fspath(folder)
         storage_for(self.folder, "save_folder")  # an unsupported URI scheme fails here, not at the first save
         self.save_interval = _save_interval(save_interval)
@@ -85,16 +110,27 @@ class CheckpointSaver(Callback):
         self.weights_only = weights_only
         self.overwrite = overwrite
         self.filename, self.latest_filename = filename, latest_filename
+        self.remote_file_name, self.latest_remote_file_name = remote_file_name, latest_remote_file_name
+        self.num_concurrent_uploads, self.upload_timeout_in_seconds = num_concurrent_uploads, upload_timeout_in_seconds
         check_template(filename, "save_filename")
         if latest_filename is not None:
             check_template(latest_filename, "save_latest_filename", one_per_run=False)
+        for name, template in (("remote_file_name", remote_file_name),
+                               ("latest_remote_file_name", latest_remote_file_name)):
+            if template is not None:
+                check_template(template, name, one_per_run=False, path=True)
         self.checkpointer: Checkpointer | None = None
         self._hparams: Any = None
         self._save_after_epoch = False
+        self._handed_over: str | None = None
+        self._saved_at: dict[str, Timestamp] = {}  # each save's clock, for its remote name
 
     def attach_trainer(self, trainer: Any) -> None:
         """Open the folder for ``trainer``'s run (it holds the folder's owner lock from now on)."""
         keep = None if self.num_checkpoints_to_keep == -1 else self.num_checkpoints_to_keep
+        if "{" in self.folder:  # Composer's '{run_name}/checkpoints'
+            self.folder = format_name(self.folder, trainer.state.timestamp, trainer.state.run_name, "save_folder",
+                                      path=True)
         self.checkpointer = Checkpointer(self.folder, self.save_interval, keep, self.weights_only,
                                          owner=trainer.state.run_name, overwrite=self.overwrite,
                                          filename=self.filename, latest_filename=self.latest_filename)
@@ -108,16 +144,21 @@ class CheckpointSaver(Callback):
 
             CheckpointSaver.from_arguments({"save_folder": "runs/x/checkpoints", "save_interval": "100ba"})
         """
-        return cls(arguments["save_folder"], arguments.get("save_interval", "1ep"),
-                   arguments.get("save_num_checkpoints_to_keep", -1), arguments.get("save_weights_only", False),
-                   arguments.get("save_overwrite", False), filename=arguments.get("save_filename", DEFAULT_FILENAME),
-                   latest_filename=arguments.get("save_latest_filename", DEFAULT_LATEST))
+        return cls(arguments["save_folder"], filename=arguments.get("save_filename", DEFAULT_FILENAME),
+                   latest_filename=arguments.get("save_latest_filename", DEFAULT_LATEST),
+                   save_interval=arguments.get("save_interval", "1ep"),
+                   num_checkpoints_to_keep=arguments.get("save_num_checkpoints_to_keep", -1),
+                   weights_only=arguments.get("save_weights_only", False),
+                   overwrite=arguments.get("save_overwrite", False))
 
     def save(self, state: State) -> str:
         """Start a save of ``state`` now (async); return the checkpoint's folder."""
         if self.checkpointer is None:
             raise RuntimeError("CheckpointSaver.save(): not attached to a Trainer yet")
-        return self.checkpointer.save(state, self._hparams())
+        path = self.checkpointer.save(state, self._hparams())
+        recent = [(p, t) for p, t in self._saved_at.items() if p != path][-3:]
+        self._saved_at = dict([*recent, (path, state.timestamp)])
+        return path
 
     # -- when ----------------------------------------------------------------------------------
     def next_due(self, timestamp: Timestamp) -> int | None:
@@ -139,6 +180,7 @@ class CheckpointSaver(Callback):
             self._save_after_epoch = True  # saved once the epoch is closed: a clean epoch boundary
             return False
         self.save(state)
+        self._hand_to_loggers(state, logger)
         return True
 
     def epoch_checkpoint(self, state: State, logger: Any) -> bool:
@@ -146,6 +188,7 @@ class CheckpointSaver(Callback):
         self._save_after_epoch = False
         if due:
             self.save(state)
+            self._hand_to_loggers(state, logger)
         return due
 
     def fit_end(self, state: State, logger: Any) -> bool:
@@ -153,8 +196,40 @@ class CheckpointSaver(Callback):
         checkpointer = self.checkpointer
         before = (checkpointer.last_saved_path, checkpointer.in_flight_name)
         path = self.save(state)
+        self._hand_to_loggers(state, logger)  # the save before, verified as this one started
         checkpointer.wait()  # raises CheckpointSaveError if a save did not reach the disk
+        self._hand_to_loggers(state, logger)
         return path != before[0] and os.path.basename(path) != before[1]
+
+    def _hand_to_loggers(self, state: State, logger: Any) -> None:
+        """Give the newest verified local checkpoint to loggers that keep files (W&B, MLflow), once.
+
+        A save is verified when the next one starts (or at ``fit_end``), so a checkpoint reaches them
+        one save later than the disk; one in a bucket (``s3://``) is already remote and is not handed on.
+        """
+        path = self.checkpointer.last_saved_path if self.checkpointer is not None else None
+        if (path is None or path == self._handed_over or is_remote(path) or self.remote_file_name is None
+                or not any(d.can_upload_files() for d in getattr(logger, "destinations", ()))):
+            return
+        self._handed_over = path
+        timestamp = self._saved_at.get(path, state.timestamp)
+        remote_name = format_name(self.remote_file_name, timestamp, state.run_name, "remote_file_name", path=True)
+        # Loggers read the checkpoint's clock from the state (W&B aliases 'ep1-ba4', metadata): the
+        # state they see is the one saved, as when Composer uploads right after its save.
+        now, state.timestamp = state.timestamp, timestamp
+        try:
+            logger.upload_file(remote_name, path)
+            if self.latest_remote_file_name is not None:
+                # Composer's pointer: a small '<latest>.symlink' file holding the checkpoint's remote name.
+                latest = format_name(self.latest_remote_file_name, timestamp, state.run_name,
+                                     "latest_remote_file_name", path=True)
+                with tempfile.TemporaryDirectory() as folder:
+                    pointer = os.path.join(folder, f"{os.path.basename(latest)}.symlink")
+                    with open(pointer, "w", encoding="utf-8") as file:
+                        file.write(remote_name)
+                    logger.upload_file(f"{latest}.symlink", pointer, overwrite=True)
+        finally:
+            state.timestamp = now
 
     def fit_error(self, state: State, logger: Any, error: BaseException) -> None:
         """``fit`` is failing: let the save in flight finish (bounded), then release the folder.

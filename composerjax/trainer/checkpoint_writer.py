@@ -243,7 +243,8 @@ class _Fields(dict):
         raise KeyError(key)
 
 
-def format_name(template: str, timestamp: Any, run_name: str, field: str = "save_filename") -> str:
+def format_name(template: str, timestamp: Any, run_name: str, field: str = "save_filename", path: bool = False,
+                ) -> str:
     """The checkpoint folder name ``template`` gives at ``timestamp``: ``'ep{epoch}-ba{batch}'`` -> ``'ep1-ba8'``.
 
     Fields: ``{run_name}``, ``{rank}`` (the process index), ``{local_rank}``, ``{node_rank}``,
@@ -261,10 +262,10 @@ def format_name(template: str, timestamp: Any, run_name: str, field: str = "save
         'ep1-ba0008'
     """
     counts = timestamp.state_dict() if hasattr(timestamp, "state_dict") else dict(timestamp)
-    return _format(template, _Fields(counts, run_name), field)
+    return _format(template, _Fields(counts, run_name), field, path)
 
 
-def _format(template: str, fields: _Fields, field: str) -> str:
+def _format(template: str, fields: _Fields, field: str, path: bool = False) -> str:
     if not isinstance(template, str):
         raise ValueError(f"{field}={template!r}: expected a name template such as 'ep{{epoch}}-ba{{batch}}'")
     try:
@@ -275,6 +276,10 @@ def _format(template: str, fields: _Fields, field: str) -> str:
     except (IndexError, ValueError) as error:
         raise ValueError(f"{field}={template!r}: not a name template ({error}); name fields as in "
                          "'ep{epoch}-ba{batch}'") from None
+    if path:  # a folder or remote object path: slashes allowed, still not empty
+        if not name.strip("/"):
+            raise ValueError(f"{field}={template!r} gives {name!r}: expected a non-empty path")
+        return name
     if not name or name in (".", "..") or name.startswith(".") or "/" in name or os.sep in name or (
             _TMP_MARK in name or name.endswith((_DELETING, REPLACED))):
         raise ValueError(f"{field}={template!r} gives {name!r}: expected one folder name inside the save folder "
@@ -282,7 +287,7 @@ def _format(template: str, fields: _Fields, field: str) -> str:
     return name
 
 
-def check_template(template: str, field: str = "save_filename", one_per_run: bool = True) -> bool:
+def check_template(template: str, field: str = "save_filename", one_per_run: bool = True, path: bool = False) -> bool:
     """Refuse a name template that cannot name a checkpoint folder; return whether its name differs by process.
 
     With ``one_per_run``, a template whose name changes with the process (``{rank}``,
@@ -296,7 +301,7 @@ def check_template(template: str, field: str = "save_filename", one_per_run: boo
         >>> check_template("ep{epoch}-ba{batch}"), check_template("latest-rank{rank}", one_per_run=False)
         (False, True)
     """
-    names = {_format(template, _Fields({}, "run", rank), field) for rank in (0, 1)}
+    names = {_format(template, _Fields({}, "run", rank), field, path) for rank in (0, 1)}
     if one_per_run and len(names) > 1 and dist.process_count() > 1:
         raise ValueError(f"{field}={template!r}: a checkpoint is one folder that every process writes its part "
                          "of; a name that differs by process ({rank}, {local_rank}, {node_rank}) would split it")

@@ -170,7 +170,7 @@ def apply_fit_arguments(trainer: Any, duration: Any, train_dataloader: Any, rese
 
 
 def log_run_summary(trainer: Any) -> None:
-    """Log and print the run summary once, before the first FIT_START (``Trainer.fit`` calls it)."""
+    """Log and print the run summary (and with ``auto_log_hparams`` the hparams) once, before the first FIT_START."""
     state = trainer.state
     state.run_summary = summary = {
         "run_name": state.run_name,
@@ -183,6 +183,8 @@ def log_run_summary(trainer: Any) -> None:
     }
     if trainer.steps_per_call > 1:
         summary.update(steps_per_call=trainer.steps_per_call, grouping_blocked_by=trainer.grouping_blocked_by)
+    if trainer.auto_log_hparams:
+        trainer.logger.log_hyperparameters(trainer.hparams)
     if trainer.run_summary:
         trainer.logger.log_hyperparameters({f"run_summary/{k}": v for k, v in summary.items()})
         from tqdm import tqdm

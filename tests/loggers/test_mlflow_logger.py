@@ -64,10 +64,8 @@ def mlflow_run(store, classification_arrays, make_tiny_classifier):
                       save_folder=str(store.tmp / "run" / "checkpoints"))
     trainer.fit()
     checkpoint = Path(trainer.checkpointer.last_saved_path)
-    run_name = trainer.state.run_name
-    # What the checkpoint saver hands to every destination once a checkpoint is on disk.
-    destination.upload_file(trainer.state, f"{run_name}/checkpoints/ep1-ba6", checkpoint)
-    destination.upload_file(trainer.state, f"{run_name}/commit.txt", checkpoint / "commit_success.txt")
+    # The checkpoint saver handed each verified checkpoint (ep1-ba4, ep1-ba6) and the latest pointer over.
+    destination.upload_file(trainer.state, f"{trainer.state.run_name}/commit.txt", checkpoint / "commit_success.txt")
     trainer.close()
     client = MlflowClient(store.uri)
     return SimpleNamespace(trainer=trainer, memory=memory, destination=destination, checkpoint=checkpoint,
@@ -117,6 +115,10 @@ def test_checkpoint_folder_and_file_are_artifacts_with_the_same_bytes(mlflow_run
              if p.is_file()}
     stored = {p.relative_to(downloaded): p.read_bytes() for p in downloaded.rglob("*") if p.is_file()}
     assert len(local) >= 4 and stored == local
+    listed = [a.path for a in mlflow_run.client.list_artifacts(run_id, f"{run_name}/checkpoints")]
+    assert listed == [f"{run_name}/checkpoints/{name}" for name in ("ep1-ba4", "ep1-ba6", "latest.symlink")]
+    pointer = mlflow_run.client.download_artifacts(run_id, f"{run_name}/checkpoints/latest.symlink", str(tmp_path))
+    assert Path(pointer).read_text() == f"{run_name}/checkpoints/ep1-ba6"  # Composer's pointer file
     (single,) = [a for a in mlflow_run.client.list_artifacts(run_id, run_name) if not a.is_dir]
     assert single.path == f"{run_name}/commit.txt"
     text = Path(mlflow_run.client.download_artifacts(run_id, single.path, str(tmp_path))).read_bytes()

@@ -112,11 +112,10 @@ def wandb_run(classification_arrays, make_tiny_classifier, tmp_path_factory):
                           optimizers=optax.sgd(0.1), callbacks=[ImagesAndTableAtEpochEnd()],
                           loggers=[memory, destination], log_interval=2, progress_bar=False,
                           run_dir=str(tmp / "run"), save_folder=str(tmp / "run" / "checkpoints"))
-        trainer.fit()
-        checkpoint = trainer.checkpointer.last_saved_path
-        # What the checkpoint saver hands to every destination once a checkpoint is on disk.
+        # The checkpoint saver hands each verified checkpoint over (W&B renames the '/' in its name).
         with pytest.warns(UserWarning, match=r"is stored as '.*\.checkpoints\.ep1-ba6'"):
-            destination.upload_file(trainer.state, f"{trainer.state.run_name}/checkpoints/ep1-ba6", checkpoint)
+            trainer.fit()
+        checkpoint = trainer.checkpointer.last_saved_path
         trainer.close()
     return SimpleNamespace(trainer=trainer, memory=memory, destination=destination, checkpoint=Path(checkpoint),
                            records=read_records(tmp), tmp=tmp)
@@ -159,8 +158,14 @@ def test_images_and_tables_are_wandb_media_at_their_step(wandb_run):
 
 
 def test_checkpoint_folder_is_an_artifact_with_every_file(wandb_run):
-    (artifact,) = [a for a in records_of(wandb_run.records, "artifact") if a.type != "run_table"]
-    name = f"{wandb_run.trainer.state.run_name}.checkpoints.ep1-ba6"
+    run_name = wandb_run.trainer.state.run_name
+    artifacts = [a for a in records_of(wandb_run.records, "artifact") if a.type != "run_table"]
+    # Both verified checkpoints and Composer's latest pointer, each time it moved.
+    assert [a.name for a in artifacts] == [f"{run_name}.checkpoints.{name}" for name in (
+        "ep1-ba4", "latest.symlink", "ep1-ba6", "latest.symlink")]
+    assert sorted(artifacts[0].aliases) == ["ep1-ba4", "latest"]  # the clock of the save, not of the hand-over
+    artifact = artifacts[2]
+    name = f"{run_name}.checkpoints.ep1-ba6"
     assert (artifact.name, artifact.type, sorted(artifact.aliases)) == (name, "model", ["ep1-ba6", "latest"])
     metadata = json.loads(artifact.metadata)
     assert (metadata["timestamp/batch"], metadata["timestamp/epoch"]) == (6, 1)
