@@ -16,8 +16,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from composerjax import Algorithm, Event, Logger, State
-from composerjax.algorithms.low_precision_layernorm import low_precision_dtype, surgery_event
+from composerjax.algorithms.low_precision_layernorm import LowPrecisionNorm, low_precision_dtype
 from composerjax.models.surgery import replace_modules
 
 __all__ = ["LPGroupNorm", "LowPrecisionGroupNorm", "apply_low_precision_groupnorm", "low_precision_group_norm"]
@@ -121,7 +120,7 @@ def apply_low_precision_groupnorm(model: nnx.Module, precision: str = "amp_bf16"
     return replaced
 
 
-class LowPrecisionGroupNorm(Algorithm):
+class LowPrecisionGroupNorm(LowPrecisionNorm):
     """Run every ``nnx.GroupNorm`` in the run's low-precision dtype (weights stay float32): surgery at ``apply_at``.
 
     As Composer's, it follows the run's precision: under ``Trainer(precision='amp_bf16')`` (or
@@ -147,31 +146,5 @@ class LowPrecisionGroupNorm(Algorithm):
     """
 
     required_modules = (nnx.GroupNorm,)
-
-    run_last = True
-
-    def __init__(self, apply_at: Event | str = Event.INIT, precision: str | None = None) -> None:
-        self.apply_at = surgery_event(apply_at, "LowPrecisionGroupNorm")
-        if precision is not None and low_precision_dtype(precision) is None:
-            raise ValueError(f"precision={precision!r}: expected None (follow the run's precision), 'bf16' or 'fp16'")
-        self.precision = precision
-        self.events = frozenset({self.apply_at})
-
-    def apply(self, event: Event, state: State, logger: Logger) -> None:
-        precision = self.precision or state.precision
-        if low_precision_dtype(precision) is None:
-            warnings.warn("LowPrecisionGroupNorm had no effect: it applies only to low-precision runs "
-                          "(Trainer(precision='amp_bf16') or 'bf16'); this run is 'fp32' (pass precision='bf16' "
-                          "to force it)", UserWarning, stacklevel=2)
-            return
-        built = state.train_state is not None
-        replaced = apply_low_precision_groupnorm(state.model, precision)
-        if built and replaced:
-            state.update_model()
-        logger.log_hyperparameters({"low_precision_groupnorm/num_replacements": replaced})
-        if replaced == 0:
-            warnings.warn("LowPrecisionGroupNorm had no effect: the model has no nnx.GroupNorm", UserWarning,
-                          stacklevel=2)
-
-    def __repr__(self) -> str:
-        return f"LowPrecisionGroupNorm(apply_at={self.apply_at}, precision={self.precision!r})"
+    norm_name = "GroupNorm"
+    replace = staticmethod(apply_low_precision_groupnorm)

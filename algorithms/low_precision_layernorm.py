@@ -10,7 +10,7 @@ As in Composer the algorithm follows the run's precision: it converts the LayerN
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -24,6 +24,7 @@ __all__ = [
     "SURGERY_EVENTS",
     "LPLayerNorm",
     "LowPrecisionLayerNorm",
+    "LowPrecisionNorm",
     "apply_low_precision_layernorm",
     "low_precision_dtype",
     "low_precision_layer_norm",
@@ -166,7 +167,56 @@ def apply_low_precision_layernorm(model: nnx.Module, precision: str = "amp_bf16"
     return replaced
 
 
-class LowPrecisionLayerNorm(Algorithm):
+class LowPrecisionNorm(Algorithm):
+    """Surgery that runs one kind of normalization layer in the run's low-precision dtype, at ``apply_at``.
+
+    The shared body of :class:`LowPrecisionLayerNorm` and ``LowPrecisionGroupNorm``: a subclass names
+    the layer (``norm_name``, ``required_modules``) and the surgery (``replace(model, precision)``,
+    returning how many layers it converted).
+
+    Example::
+
+        class LowPrecisionRMSNorm(LowPrecisionNorm):
+            required_modules = (nnx.RMSNorm,)
+            norm_name = "RMSNorm"
+            replace = staticmethod(apply_low_precision_rmsnorm)
+    """
+
+    required_modules: tuple[type, ...] = ()
+    norm_name = ""
+    run_last = True
+    #: ``replace(model, precision) -> int``: convert the layers of ``model``; how many were converted.
+    replace: Callable[[nnx.Module, str], int]
+
+    def __init__(self, apply_at: Event | str = Event.INIT, precision: str | None = None) -> None:
+        name = type(self).__name__
+        self.apply_at = surgery_event(apply_at, name)
+        if precision is not None and low_precision_dtype(precision) is None:
+            raise ValueError(f"precision={precision!r}: expected None (follow the run's precision), 'bf16' or 'fp16'")
+        self.precision = precision
+        self.events = frozenset({self.apply_at})
+
+    def apply(self, event: Event, state: State, logger: Logger) -> None:
+        name, norm = type(self).__name__, self.norm_name
+        precision = self.precision or state.precision
+        if low_precision_dtype(precision) is None:
+            warnings.warn(f"{name} had no effect: it applies only to low-precision runs "
+                          "(Trainer(precision='amp_bf16') or 'bf16'); this run is 'fp32' (pass precision='bf16' "
+                          "to force it)", UserWarning, stacklevel=2)
+            return
+        built = state.train_state is not None
+        replaced = self.replace(state.model, precision)
+        if built and replaced:
+            state.update_model()
+        logger.log_hyperparameters({f"low_precision_{norm.lower()}/num_replacements": replaced})
+        if replaced == 0:
+            warnings.warn(f"{name} had no effect: the model has no nnx.{norm}", UserWarning, stacklevel=2)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(apply_at={self.apply_at}, precision={self.precision!r})"
+
+
+class LowPrecisionLayerNorm(LowPrecisionNorm):
     """Run every ``nnx.LayerNorm`` in the run's low-precision dtype (weights stay float32): surgery at ``apply_at``.
 
     As Composer's, it follows the run's precision: under ``Trainer(precision='amp_bf16')`` (or
@@ -192,31 +242,5 @@ class LowPrecisionLayerNorm(Algorithm):
     """
 
     required_modules = (nnx.LayerNorm,)
-
-    run_last = True
-
-    def __init__(self, apply_at: Event | str = Event.INIT, precision: str | None = None) -> None:
-        self.apply_at = surgery_event(apply_at, "LowPrecisionLayerNorm")
-        if precision is not None and low_precision_dtype(precision) is None:
-            raise ValueError(f"precision={precision!r}: expected None (follow the run's precision), 'bf16' or 'fp16'")
-        self.precision = precision
-        self.events = frozenset({self.apply_at})
-
-    def apply(self, event: Event, state: State, logger: Logger) -> None:
-        precision = self.precision or state.precision
-        if low_precision_dtype(precision) is None:
-            warnings.warn("LowPrecisionLayerNorm had no effect: it applies only to low-precision runs "
-                          "(Trainer(precision='amp_bf16') or 'bf16'); this run is 'fp32' (pass precision='bf16' "
-                          "to force it)", UserWarning, stacklevel=2)
-            return
-        built = state.train_state is not None
-        replaced = apply_low_precision_layernorm(state.model, precision)
-        if built and replaced:
-            state.update_model()
-        logger.log_hyperparameters({"low_precision_layernorm/num_replacements": replaced})
-        if replaced == 0:
-            warnings.warn("LowPrecisionLayerNorm had no effect: the model has no nnx.LayerNorm", UserWarning,
-                          stacklevel=2)
-
-    def __repr__(self) -> str:
-        return f"LowPrecisionLayerNorm(apply_at={self.apply_at}, precision={self.precision!r})"
+    norm_name = "LayerNorm"
+    replace = staticmethod(apply_low_precision_layernorm)

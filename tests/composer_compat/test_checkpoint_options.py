@@ -324,3 +324,16 @@ def test_weights_only_loads_a_checkpoint_saved_with_another_optimizer(saved, opt
         make(optimizer=optimizer, load_path=str(folder), load_exclude_algorithms=["EMA"])
     loaded.fit("1ba")  # and it trains on from there
     assert int(loaded.state.timestamp.batch) == 1
+
+
+def test_save_folder_template_with_run_name_as_composer(tmp_path):
+    # Composer's default save folder is '{run_name}/checkpoints'; autoresume finds the same folder again.
+    template = str(tmp_path / "{run_name}" / "checkpoints")
+    trainer = make(template, run_name="templated", save_interval="2ba")
+    trainer.fit()
+    trainer.close()
+    assert names_in(tmp_path / "templated" / "checkpoints") == ["ep0-ba2", "ep0-ba4", "latest"]
+    resumed = make(template, run_name="templated", duration="6ba", save_interval="2ba", autoresume=True)
+    assert resumed.resumed_from == 4  # the batch it resumed from
+    assert resumed.checkpointer.folder == str(tmp_path / "templated" / "checkpoints")
+    resumed.close()

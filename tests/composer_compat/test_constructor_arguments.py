@@ -122,9 +122,10 @@ DOC_EXAMPLES: list[tuple[str, dict[str, object]]] = [
     ("ImageVisualizer", {}),
 ]
 
-# Defaults that differ on purpose: (class, argument) -> why. Each is in the class's card or docstring.
+# Defaults that differ on purpose: (class, argument) -> (our default, why). Each is in the class's card or
+# docstring and in docs/migrating-from-composer.md.
 DELIBERATE = {
-    ("ImageVisualizer", "channels_last"): "JAX images are NHWC (flax convs); Composer's False means NCHW",
+    ("ImageVisualizer", "channels_last"): (True, "JAX images are NHWC (flax convs); Composer's False means NCHW"),
 }
 
 
@@ -164,8 +165,33 @@ def test_composer_documentation_examples_construct(name, kwargs):
             assert stored == value, f"{name}.{argument} is {stored!r} after passing {value!r}"
 
 
+@pytest.mark.parametrize("name, argument", sorted(DELIBERATE))
+def test_deliberate_defaults_are_the_documented_ones(name, argument):
+    assert inspect.signature(lookup(name)).parameters[argument].default == DELIBERATE[name, argument][0]
+
+
 def test_checkpoint_saver_takes_composers_arguments(tmp_path):
-    saver = CheckpointSaver(folder=str(tmp_path / "{run_name}/checkpoints"), filename="ep{epoch}-ba{batch}-rank{rank}",
-                            latest_filename="latest-rank{rank}", save_interval="1ep", overwrite=False,
-                            num_checkpoints_to_keep=-1, weights_only=False)
+    composer_defaults = {"folder": "{run_name}/checkpoints", "save_interval": "1ep", "overwrite": False,
+                         "num_checkpoints_to_keep": -1, "weights_only": False, "ignore_keys": None,
+                         "num_concurrent_uploads": 1, "upload_timeout_in_seconds": 3600}
+    parameters = inspect.signature(CheckpointSaver).parameters
+    for argument, default in composer_defaults.items():
+        assert parameters[argument].default == default, argument
+    for argument in ("filename", "remote_file_name", "latest_filename", "latest_remote_file_name"):
+        assert argument in parameters
+    saver = CheckpointSaver(folder=str(tmp_path / "{run_name}/checkpoints"), filename="ep{epoch}-ba{batch}",
+                            remote_file_name="{run_name}/checkpoints/ep{epoch}-ba{batch}",
+                            latest_filename="latest", save_interval="1ep", overwrite=False,
+                            num_checkpoints_to_keep=-1, weights_only=False, ignore_keys=None,
+                            num_concurrent_uploads=1, upload_timeout_in_seconds=3600)
     assert saver.weights_only is False
+    with pytest.raises(ValueError, match=r"ignore_keys=\['state/model/\*'\].*load_ignore_keys"):
+        CheckpointSaver(str(tmp_path), ignore_keys=["state/model/*"])
+
+
+def test_every_composer_algorithm_is_registered_and_nothing_else():
+    from composerjax import registry
+
+    ours = {registry.algorithms.get(name).__name__ for name in registry.algorithms.names()}
+    composers = {name for name in COMPOSER_SIGNATURES if hasattr(algorithms_module, name)}
+    assert ours == composers and len(ours) == 28  # the README's count

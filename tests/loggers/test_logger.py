@@ -1,5 +1,6 @@
 """Tests for the Logger facade: step defaults, dispatch, and one fetch per log_images/log_table call."""
 
+import os
 from types import SimpleNamespace
 
 import jax
@@ -170,3 +171,66 @@ def test_is_process_zero_follows_jax_process_index(monkeypatch):
     assert is_process_zero()
     monkeypatch.setattr(jax, "process_index", lambda: 1)
     assert not is_process_zero()
+
+
+# -- the Trainer's side: auto_log_hparams, fit_error, upload_file --------------------------------
+def _tiny_trainer(classification_arrays, make_tiny_classifier, destination, **kwargs):
+    import optax
+
+    from composerjax import ArrayLoader, Trainer
+
+    x, y = classification_arrays
+    return Trainer(make_tiny_classifier(), ArrayLoader((x, y), batch_size=16), max_duration="2ba",
+                   optimizers=optax.sgd(0.1), loggers=[destination], progress_bar=False, run_summary=False, **kwargs)
+
+
+@pytest.mark.parametrize("auto_log_hparams", [False, True])
+def test_auto_log_hparams_logs_the_runs_settings_at_the_first_fit_start(classification_arrays, make_tiny_classifier,
+                                                                      auto_log_hparams):
+    memory = InMemoryLogger()
+    trainer = _tiny_trainer(classification_arrays, make_tiny_classifier, memory, auto_log_hparams=auto_log_hparams,
+                            run_name="hp-run")
+    assert "run_name" not in memory.hyperparameters  # not before FIT_START
+    trainer.fit()
+    if auto_log_hparams:
+        assert memory.hyperparameters["run_name"] == "hp-run"
+        assert {k: memory.hyperparameters[k] for k in trainer.hparams} == trainer.hparams
+    else:
+        assert "run_name" not in memory.hyperparameters  # Composer's default: off
+    with pytest.raises(ValueError, match="auto_log_hparams='yes'"):
+        _tiny_trainer(classification_arrays, make_tiny_classifier, memory, auto_log_hparams="yes")
+
+
+def test_destinations_hear_fit_error_and_get_verified_checkpoints(classification_arrays, make_tiny_classifier,
+                                                                  tmp_path):
+    from composerjax import Callback
+
+    class Keeper(LoggerDestination):
+        def __init__(self):
+            self.errors, self.files = [], []
+
+        def fit_error(self, state, logger, error):
+            self.errors.append(type(error).__name__)
+
+        def upload_file(self, state, remote_file_name, file_path, *, overwrite=False):
+            self.files.append((remote_file_name, int(state.timestamp.batch), os.path.isdir(file_path)))
+
+    class Explode(Callback):
+        def batch_end(self, state, logger):
+            if state.timestamp.batch == 3:
+                raise RuntimeError("boom")
+
+    keeper = Keeper()
+    assert keeper.can_upload_files() and not InMemoryLogger().can_upload_files()
+    trainer = _tiny_trainer(classification_arrays, make_tiny_classifier, keeper, save_folder=str(tmp_path),
+                            save_interval="1ba", run_name="r")
+    trainer.fit()
+    # Each verified checkpoint once, under Composer's remote name, with the clock of its save; and the pointer.
+    assert [f for f in keeper.files if not f[0].endswith(".symlink")] == [
+        ("r/checkpoints/ep0-ba1", 1, True), ("r/checkpoints/ep0-ba2", 2, True)]
+    assert [f for f in keeper.files if f[0].endswith(".symlink")] == [("r/checkpoints/latest.symlink", 1, False),
+                                                                      ("r/checkpoints/latest.symlink", 2, False)]
+    trainer.state.callbacks.append(Explode())
+    with pytest.raises(RuntimeError, match="boom"):
+        trainer.fit(duration="2ba")
+    assert keeper.errors == ["RuntimeError"]
