@@ -19,7 +19,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -n 2 --dist loadfile tests
-	$(PY) -m pytest -q --doctest-modules composerjax algorithms callbacks
+	$(PY) -m pytest -n 2 -q --doctest-modules composerjax algorithms callbacks
 
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet

@@ -101,6 +101,9 @@ class WandBLogger(LoggerDestination):
                 kwargs[key] = getattr(self, key)
         if kwargs.get("name") is None and run_name is not None:
             kwargs["name"] = run_name
+        if "mode" not in kwargs and os.environ.get("WANDB_MODE"):
+            # W&B reads its environment once per process; WANDB_MODE set later still counts for this run.
+            kwargs["mode"] = os.environ["WANDB_MODE"]
         if not self.rank_zero_only and kwargs.get("name") is not None:
             kwargs.setdefault("group", kwargs["name"])
             kwargs["name"] = f"{kwargs['name']}-rank{process_index()}"

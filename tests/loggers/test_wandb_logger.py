@@ -33,6 +33,15 @@ def offline_environment(tmp: Path) -> dict[str, str]:
             "WANDB_CONFIG_DIR": str(tmp / "config"), "WANDB_ARTIFACT_DIR": str(tmp / "artifacts")}
 
 
+@pytest.fixture(scope="module", autouse=True)
+def fresh_wandb_settings():
+    """W&B reads its environment once per process (at its first run): start this module from a clean slate,
+    so the settings below apply even when another test in this process already ran W&B."""
+    wandb.teardown()
+    yield
+    wandb.teardown()
+
+
 @pytest.fixture
 def offline(tmp_path, monkeypatch):
     for name, value in offline_environment(tmp_path).items():
