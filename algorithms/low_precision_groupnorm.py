@@ -9,15 +9,13 @@ casts the result back to the input's dtype. It follows the run's precision: an `
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from composerjax.algorithms.low_precision_layernorm import LowPrecisionNorm, low_precision_dtype
-from composerjax.models.surgery import replace_modules
+from composerjax.algorithms.low_precision_layernorm import LowPrecisionNorm, replace_norms
 
 __all__ = ["LPGroupNorm", "LowPrecisionGroupNorm", "apply_low_precision_groupnorm", "low_precision_group_norm"]
 
@@ -102,22 +100,7 @@ def apply_low_precision_groupnorm(model: nnx.Module, precision: str = "amp_bf16"
         >>> apply_low_precision_groupnorm(model, 'amp_bf16')
         1
     """
-    dtype = low_precision_dtype(precision)
-    if dtype is None:
-        warnings.warn("Low precision GroupNorm only applies to low-precision runs (precision='amp_bf16' or "
-                      "'bf16'); precision='fp32': no GroupNorm replaced", UserWarning, stacklevel=2)
-        return 0
-    replaced = 0
-
-    def to_low_precision(group_norm: nnx.GroupNorm) -> nnx.Module:
-        nonlocal replaced
-        if not _supported(group_norm):
-            return group_norm
-        replaced += 1
-        return LPGroupNorm(group_norm, dtype)
-
-    replace_modules(model, {nnx.GroupNorm: to_low_precision})
-    return replaced
+    return replace_norms(model, precision, nnx.GroupNorm, LPGroupNorm, _supported)
 
 
 class LowPrecisionGroupNorm(LowPrecisionNorm):

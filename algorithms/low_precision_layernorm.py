@@ -28,6 +28,7 @@ __all__ = [
     "apply_low_precision_layernorm",
     "low_precision_dtype",
     "low_precision_layer_norm",
+    "replace_norms",
     "surgery_event",
 ]
 
@@ -149,21 +150,37 @@ def apply_low_precision_layernorm(model: nnx.Module, precision: str = "amp_bf16"
         >>> apply_low_precision_layernorm(model, 'amp_bf16')
         1
     """
+    return replace_norms(model, precision, nnx.LayerNorm, LPLayerNorm, _supported)
+
+
+def replace_norms(model: nnx.Module, precision: str, norm_type: type, low_precision: Callable[[Any, Any], nnx.Module],
+                  supported: Callable[[Any], bool]) -> int:
+    """Replace each supported ``norm_type`` module by ``low_precision(module, dtype)``; return how many.
+
+    The shared surgery of the low-precision norms: ``precision`` names the dtype (``'fp32'`` changes
+    nothing and warns, as Composer's functional forms do).
+
+    Example:
+        >>> model = nnx.Sequential(nnx.LayerNorm(4, rngs=nnx.Rngs(0)))
+        >>> replace_norms(model, 'bf16', nnx.LayerNorm, LPLayerNorm, _supported)
+        1
+    """
+    name = norm_type.__name__
     dtype = low_precision_dtype(precision)
     if dtype is None:
-        warnings.warn("Low precision LayerNorm only applies to low-precision runs (precision='amp_bf16' or "
-                      "'bf16'); precision='fp32': no LayerNorm replaced", UserWarning, stacklevel=2)
+        warnings.warn(f"Low precision {name} only applies to low-precision runs (precision='amp_bf16' or "
+                      f"'bf16'); precision='fp32': no {name} replaced", UserWarning, stacklevel=3)
         return 0
     replaced = 0
 
-    def to_low_precision(layer_norm: nnx.LayerNorm) -> nnx.Module:
+    def to_low_precision(norm: Any) -> nnx.Module:
         nonlocal replaced
-        if not _supported(layer_norm):
-            return layer_norm
+        if not supported(norm):
+            return norm
         replaced += 1
-        return LPLayerNorm(layer_norm, dtype)
+        return low_precision(norm, dtype)
 
-    replace_modules(model, {nnx.LayerNorm: to_low_precision})
+    replace_modules(model, {norm_type: to_low_precision})
     return replaced
 
 
