@@ -1,0 +1,362 @@
+"""GPT-2: the published decoder (pre-LN blocks, tied embeddings), learned or rotary positions, a KV cache.
+
+Submodules carry TinyGPT's names (``blocks/0/attention/qkv``, ``blocks/0/mlp/up``, ...), so
+:data:`composerjax.parallel.GPT_TENSOR_PARALLEL_RULES` shards it the same way; FSDP needs no rule.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+__all__ = ["GPT2", "GPT2Config", "GPT2_CONFIGS", "KVCache", "apply_rotary", "flops_per_token", "parameter_count"]
+
+POSITIONS = ("learned", "rotary")
+_INIT_STD = 0.02  # GPT-2's initializer_range
+
+#: One ``(keys, values)`` pair per block, each ``(batch, length, heads, head_dim)``.
+KVCache = tuple[tuple[jax.Array, jax.Array], ...]
+
+
+@dataclass(frozen=True)
+class GPT2Config:
+    """The shape of a :class:`GPT2` model.
+
+    Args:
+        vocab_size: the number of distinct tokens.
+        n_positions: the longest sequence (context length) the model takes.
+        n_embd: the width of the residual stream.
+        n_layer: the number of decoder blocks.
+        n_head: attention heads per block (must divide ``n_embd``).
+        dropout: the dropout rate on the embeddings and on each residual branch (GPT-2's
+            ``embd_pdrop`` and ``resid_pdrop``); active in train mode only.
+        attention_dropout: the dropout rate on the attention weights (``attn_pdrop``); when it
+            is 0 (or in eval mode) attention runs through ``jax.nn.dot_product_attention``.
+        position: ``'learned'`` (GPT-2's absolute position table) or ``'rotary'`` (RoPE on the
+            queries and keys, no position parameters; needs an even head size).
+        tie_embeddings: the LM head is the token embedding transposed (one matrix), as in GPT-2.
+        layer_norm_epsilon: LayerNorm's epsilon.
+        rotary_base: the RoPE frequency base.
+        dtype: the dtype the layers compute in; ``None`` follows the parameters, which is what the
+            Trainer's ``precision`` relies on (``'amp_bf16'`` casts the parameters inside the step).
+        param_dtype: the dtype the parameters are created in.
+
+    Raises:
+        ValueError: naming the field, its value and what is accepted.
+
+    Example:
+        >>> config = GPT2Config.preset("gpt2-small")
+        >>> config.n_layer, config.n_embd, parameter_count(config)
+        (12, 768, 124439808)
+    """
+
+    vocab_size: int = 50257
+    n_positions: int = 1024
+    n_embd: int = 768
+    n_layer: int = 12
+    n_head: int = 12
+    dropout: float = 0.0
+    attention_dropout: float = 0.0
+    position: str = "learned"
+    tie_embeddings: bool = True
+    layer_norm_epsilon: float = 1e-5
+    rotary_base: float = 10000.0
+    dtype: Any = None
+    param_dtype: Any = jnp.float32
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"GPT2Config({name}={value!r}): expected a positive integer")
+        if self.n_embd % self.n_head:
+            raise ValueError(f"GPT2Config(n_embd={self.n_embd}): expected a multiple of n_head={self.n_head}")
+        for name in ("dropout", "attention_dropout"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+                raise ValueError(f"GPT2Config({name}={value!r}): expected a rate in [0, 1)")
+        if self.position not in POSITIONS:
+            accepted = ", ".join(map(repr, POSITIONS))
+            raise ValueError(f"GPT2Config(position={self.position!r}): expected one of {accepted}")
+        if self.position == "rotary" and self.head_dim % 2:
+            raise ValueError(f"GPT2Config(position='rotary'): the head size n_embd / n_head = {self.head_dim} must be "
+                             "even")
+        for name in ("layer_norm_epsilon", "rotary_base"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+                raise ValueError(f"GPT2Config({name}={value!r}): expected a positive number")
+
+    @property
+    def head_dim(self) -> int:
+        """The size of one attention head, ``n_embd // n_head``."""
+        return self.n_embd // self.n_head
+
+    @classmethod
+    def preset(cls, name: str, **overrides: Any) -> GPT2Config:
+        """A named configuration from :data:`GPT2_CONFIGS`, with any field replaced.
+
+        Example:
+            >>> GPT2Config.preset("gpt2-tiny", position="rotary").position
+            'rotary'
+        """
+        if name not in GPT2_CONFIGS:
+            raise ValueError(f"GPT2Config.preset(name={name!r}): expected one of {', '.join(map(repr, GPT2_CONFIGS))}")
+        return dataclasses.replace(GPT2_CONFIGS[name], **overrides)
+
+
+#: The published GPT-2 sizes (with GPT-2's 0.1 dropout rates) and a tiny one for tests on CPU.
+GPT2_CONFIGS: dict[str, GPT2Config] = {
+    "gpt2-tiny": GPT2Config(vocab_size=512, n_positions=128, n_embd=64, n_layer=2, n_head=2),
+    "gpt2-small": GPT2Config(dropout=0.1, attention_dropout=0.1),
+    "gpt2-medium": GPT2Config(n_embd=1024, n_layer=24, n_head=16, dropout=0.1, attention_dropout=0.1),
+    "gpt2-large": GPT2Config(n_embd=1280, n_layer=36, n_head=20, dropout=0.1, attention_dropout=0.1),
+}
+
+
+def _resolve(config: GPT2Config | str) -> GPT2Config:
+    if isinstance(config, str):
+        return GPT2Config.preset(config)
+    if not isinstance(config, GPT2Config):
+        raise ValueError(f"config={config!r}: expected a GPT2Config or a preset name ({', '.join(GPT2_CONFIGS)})")
+    return config
+
+
+def parameter_count(config: GPT2Config | str) -> int:
+    """The number of parameters of ``GPT2(config)``, in closed form.
+
+    Token embedding ``V·D``; learned positions ``P·D``; per block ``12·D² + 13·D`` (attention
+    ``4·D² + 4·D``, MLP ``8·D² + 5·D``, two LayerNorms ``4·D``); final LayerNorm ``2·D``; an untied
+    head ``D·V`` (no bias). Tied embeddings count once, as Hugging Face's ``GPT2LMHeadModel`` does.
+
+    Example:
+        >>> parameter_count("gpt2-small")
+        124439808
+    """
+    config = _resolve(config)
+    d, v = config.n_embd, config.vocab_size
+    count = v * d + config.n_layer * (12 * d * d + 13 * d) + 2 * d
+    if config.position == "learned":
+        count += config.n_positions * d
+    if not config.tie_embeddings:
+        count += d * v
+    return count
+
+
+def flops_per_token(config: GPT2Config | str, seq_len: int) -> int:
+    """Training FLOPs per token (forward and backward): ``6·N + 12·L·H·Q·T`` (PaLM, appendix B).
+
+    ``N`` counts the parameters that take part in a matmul: all of them except the position table
+    and, when the head is untied, the input embedding (a lookup); the tied embedding counts once,
+    as the head. ``12·L·H·Q·T`` is the attention score and value matmuls over a full ``T x T``
+    square (``L`` blocks, ``H`` heads of size ``Q``; the causal mask is not discounted), as in PaLM
+    and nanoGPT's ``estimate_mfu``.
+
+    Example:
+        >>> flops_per_token("gpt2-small", 1024)  # about 0.85 GFLOPs per token
+        855166464
+    """
+    config = _resolve(config)
+    if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
+        raise ValueError(f"seq_len={seq_len!r}: expected a positive integer")
+    matmul = parameter_count(config)
+    if config.position == "learned":
+        matmul -= config.n_positions * config.n_embd
+    if not config.tie_embeddings:
+        matmul -= config.vocab_size * config.n_embd
+    return 6 * matmul + 12 * config.n_layer * config.n_embd * seq_len
+
+
+def apply_rotary(x: jax.Array, positions: jax.Array, base: float = 10000.0) -> jax.Array:
+    """Rotate ``(B, T, N, H)`` queries or keys by their ``(T,)`` positions (RoPE, rotating half-pairs).
+
+    The dot product of a query rotated at position ``m`` and a key rotated at ``n`` depends only
+    on ``m - n``.
+
+    Example:
+        >>> x = jnp.ones((1, 3, 2, 4))
+        >>> apply_rotary(x, jnp.arange(3)).shape
+        (1, 3, 2, 4)
+    """
+    half = x.shape[-1] // 2
+    frequencies = base ** (-jnp.arange(half, dtype=jnp.float32) / half)
+    angles = positions.astype(jnp.float32)[:, None] * frequencies[None, :]
+    cos, sin = jnp.cos(angles)[None, :, None, :], jnp.sin(angles)[None, :, None, :]
+    x1, x2 = x[..., :half].astype(jnp.float32), x[..., half:].astype(jnp.float32)
+    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
+
+
+def _linear(config: GPT2Config, fan_in: int, fan_out: int, std: float, rngs: nnx.Rngs, bias: bool = True) -> nnx.Linear:
+    return nnx.Linear(fan_in, fan_out, use_bias=bias, kernel_init=nnx.initializers.normal(std), dtype=config.dtype,
+                      param_dtype=config.param_dtype, rngs=rngs)
+
+
+def _layer_norm(config: GPT2Config, rngs: nnx.Rngs) -> nnx.LayerNorm:
+    return nnx.LayerNorm(config.n_embd, epsilon=config.layer_norm_epsilon, dtype=config.dtype,
+                         param_dtype=config.param_dtype, rngs=rngs)
+
+
+def _active(dropout: nnx.Dropout, deterministic: bool | None) -> bool:
+    if dropout.rate == 0:
+        return False
+    return not (dropout.deterministic if deterministic is None else deterministic)
+
+
+class GPT2Attention(nnx.Module):
+    """Causal multi-head self-attention with an optional KV cache."""
+
+    def __init__(self, config: GPT2Config, *, rngs: nnx.Rngs) -> None:
+        self.config = config
+        residual_std = _INIT_STD / math.sqrt(2 * config.n_layer)  # GPT-2's scaled residual projections
+        self.qkv = _linear(config, config.n_embd, 3 * config.n_embd, _INIT_STD, rngs)
+        self.proj = _linear(config, config.n_embd, config.n_embd, residual_std, rngs)
+        self.attention_dropout = nnx.Dropout(config.attention_dropout, rngs=rngs)
+
+    def __call__(self, x: jax.Array, positions: jax.Array, cache: tuple[jax.Array, jax.Array] | None = None, *,
+                 deterministic: bool | None = None) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
+        config = self.config
+        batch, length, _ = x.shape
+        q, k, v = (t.reshape(batch, length, config.n_head, config.head_dim)
+                   for t in jnp.split(self.qkv(x), 3, axis=-1))
+        if config.position == "rotary":
+            q, k = apply_rotary(q, positions, config.rotary_base), apply_rotary(k, positions, config.rotary_base)
+        mask = None
+        if cache is not None:
+            # Write this chunk at its positions, then attend over the whole fixed-size cache with
+            # entries after each query's position masked out.
+            start = positions[0]
+            cache = tuple(jax.lax.dynamic_update_slice(c, t.astype(c.dtype), (0, start, 0, 0))
+                          for c, t in zip(cache, (k, v)))
+            k, v = (c.astype(q.dtype) for c in cache)
+            mask = (jnp.arange(k.shape[1])[None, :] <= positions[:, None])[None, None]
+        if _active(self.attention_dropout, deterministic):
+            out = self._attend_with_dropout(q, k, v, mask, deterministic)
+        else:
+            out = jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=mask is None)
+        return self.proj(out.reshape(batch, length, config.n_embd)), cache
+
+    def _attend_with_dropout(self, q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array | None,
+                             deterministic: bool | None) -> jax.Array:
+        # jax.nn.dot_product_attention has no dropout on the weights: the explicit form, in training.
+        logits = jnp.einsum("btnh,bsnh->bnts", q, k, preferred_element_type=jnp.float32)
+        logits = logits / math.sqrt(self.config.head_dim)
+        if mask is None:
+            mask = jnp.tril(jnp.ones((q.shape[1], k.shape[1]), bool))[None, None]
+        weights = jax.nn.softmax(jnp.where(mask, logits, jnp.finfo(jnp.float32).min), axis=-1)
+        weights = self.attention_dropout(weights, deterministic=deterministic).astype(v.dtype)
+        return jnp.einsum("bnts,bsnh->btnh", weights, v)
+
+
+class GPT2MLP(nnx.Module):
+    """The block's MLP: ``n_embd -> 4·n_embd -> n_embd`` with GPT-2's tanh-approximated GELU."""
+
+    def __init__(self, config: GPT2Config, *, rngs: nnx.Rngs) -> None:
+        self.up = _linear(config, config.n_embd, 4 * config.n_embd, _INIT_STD, rngs)
+        self.down = _linear(config, 4 * config.n_embd, config.n_embd, _INIT_STD / math.sqrt(2 * config.n_layer), rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.down(jax.nn.gelu(self.up(x), approximate=True))
+
+
+class GPT2Block(nnx.Module):
+    """Pre-LN block: ``x + drop(attn(ln(x)))``, then ``x + drop(mlp(ln(x)))``."""
+
+    def __init__(self, config: GPT2Config, *, rngs: nnx.Rngs) -> None:
+        self.norm1 = _layer_norm(config, rngs)
+        self.attention = GPT2Attention(config, rngs=rngs)
+        self.norm2 = _layer_norm(config, rngs)
+        self.mlp = GPT2MLP(config, rngs=rngs)
+        self.dropout = nnx.Dropout(config.dropout, rngs=rngs)
+
+    def __call__(self, x: jax.Array, positions: jax.Array, cache: tuple[jax.Array, jax.Array] | None = None, *,
+                 deterministic: bool | None = None) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
+        h, cache = self.attention(self.norm1(x), positions, cache, deterministic=deterministic)
+        x = x + self.dropout(h, deterministic=deterministic)
+        return x + self.dropout(self.mlp(self.norm2(x)), deterministic=deterministic), cache
+
+
+class GPT2(nnx.Module):
+    """GPT-2: token (+ learned position) embeddings, pre-LN blocks, a final LayerNorm and the LM head.
+
+    Takes ``(B, T)`` int tokens and returns ``(B, T, vocab_size)`` logits. Dropout is active in
+    train mode (``model.train()``, the default) and off after ``model.eval()`` or with
+    ``deterministic=True``. :meth:`decode` runs a chunk against a :class:`KVCache`, as
+    :func:`composerjax.models.generate.generate` does.
+
+    Example:
+        >>> model = GPT2(GPT2Config.preset("gpt2-tiny"), rngs=nnx.Rngs(0))
+        >>> model(jnp.zeros((2, 16), jnp.int32)).shape
+        (2, 16, 512)
+    """
+
+    def __init__(self, config: GPT2Config | str, *, rngs: nnx.Rngs) -> None:
+        config = _resolve(config)
+        self.config = config
+        embed = {"dtype": config.dtype, "param_dtype": config.param_dtype,
+                 "embedding_init": nnx.initializers.normal(_INIT_STD), "rngs": rngs}
+        self.tokens = nnx.Embed(config.vocab_size, config.n_embd, **embed)
+        if config.position == "learned":
+            self.position = nnx.Embed(config.n_positions, config.n_embd, **embed)
+        # nnx.Embed pins dtype=None to the parameter dtype at construction; None must instead follow
+        # the arrays, so that parameters cast to bfloat16 (precision='amp_bf16') compute in bfloat16.
+        for embedding in (self.tokens, getattr(self, "position", None)):
+            if embedding is not None:
+                embedding.dtype = config.dtype
+        self.embedding_dropout = nnx.Dropout(config.dropout, rngs=rngs)
+        self.blocks = nnx.List([GPT2Block(config, rngs=rngs) for _ in range(config.n_layer)])
+        self.norm = _layer_norm(config, rngs)
+        if not config.tie_embeddings:
+            self.head = _linear(config, config.n_embd, config.vocab_size, _INIT_STD, rngs, bias=False)
+
+    def __call__(self, tokens: jax.Array, *, deterministic: bool | None = None) -> jax.Array:
+        self._check_length(tokens, 0)
+        logits, _ = self._run(tokens, jnp.arange(tokens.shape[1]), None, deterministic)
+        return logits
+
+    def decode(self, tokens: jax.Array, start: jax.Array | int, cache: KVCache, *,
+               deterministic: bool | None = True) -> tuple[jax.Array, KVCache]:
+        """Logits of ``(B, T)`` tokens at positions ``start .. start+T-1`` and the updated cache.
+
+        Earlier positions are read from ``cache`` (from :meth:`init_cache`); this chunk's keys
+        and values are written into it. ``start`` may be traced.
+        """
+        if len(cache) != self.config.n_layer:
+            raise ValueError(f"cache: {len(cache)} layers, expected n_layer={self.config.n_layer}")
+        positions = start + jnp.arange(tokens.shape[1])
+        return self._run(tokens, positions, cache, deterministic)
+
+    def init_cache(self, batch: int, length: int, dtype: Any = None) -> KVCache:
+        """An empty (zero) :class:`KVCache` for ``batch`` sequences of up to ``length`` tokens.
+
+        ``dtype`` defaults to the compute dtype (``config.dtype``, else the parameters').
+        """
+        if not 1 <= length <= self.config.n_positions:
+            raise ValueError(f"length={length}: expected 1 to n_positions={self.config.n_positions}")
+        dtype = dtype or self.config.dtype or self.tokens.embedding[...].dtype
+        shape = (batch, length, self.config.n_head, self.config.head_dim)
+        return tuple((jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)) for _ in range(self.config.n_layer))
+
+    def _check_length(self, tokens: jax.Array, start: int) -> None:
+        if tokens.ndim != 2:
+            raise ValueError(f"tokens: shape {tokens.shape}, expected (batch, length)")
+        if start + tokens.shape[1] > self.config.n_positions:
+            raise ValueError(f"sequence length {tokens.shape[1]} exceeds n_positions={self.config.n_positions}")
+
+    def _run(self, tokens: jax.Array, positions: jax.Array, cache: KVCache | None,
+             deterministic: bool | None) -> tuple[jax.Array, KVCache | None]:
+        x = self.tokens(tokens)
+        if self.config.position == "learned":
+            x = x + self.position(positions)[None]
+        x = self.embedding_dropout(x, deterministic=deterministic)
+        new_cache = []
+        for index, block in enumerate(self.blocks):
+            x, layer_cache = block(x, positions, None if cache is None else cache[index], deterministic=deterministic)
+            new_cache.append(layer_cache)
+        x = self.norm(x)
+        logits = self.tokens.attend(x) if self.config.tie_embeddings else self.head(x)
+        return logits, (tuple(new_cache) if cache is not None else None)
