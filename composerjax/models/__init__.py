@@ -9,6 +9,16 @@ from composerjax.models.gpt import (
     TinyGPT,
     language_metrics,
 )
+from composerjax.models.generate import generate, generate_without_cache, sample_logits
+from composerjax.models.gpt2 import (
+    GPT2,
+    GPT2_CONFIGS,
+    GPT2Config,
+    KVCache,
+    apply_rotary,
+    flops_per_token,
+    parameter_count,
+)
 from composerjax.models.mlp import MLP
 from composerjax.models.resnet import BasicBlock, SmallResNet
 from composerjax.models.small_cnn import SmallCNN
@@ -20,11 +30,21 @@ __all__ = [
     "ComposerModel",
     "DecoderBlock",
     "FeedForward",
+    "GPT2",
+    "GPT2Config",
+    "GPT2_CONFIGS",
+    "KVCache",
     "MLP",
     "MetricSums",
     "PositionEmbedding",
     "SmallCNN",
     "SmallResNet",
     "TinyGPT",
+    "apply_rotary",
+    "flops_per_token",
+    "generate",
+    "generate_without_cache",
     "language_metrics",
+    "parameter_count",
+    "sample_logits",
 ]

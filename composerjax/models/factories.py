@@ -14,7 +14,7 @@ from composerjax.models.mlp import MLP
 from composerjax.models.resnet import SmallResNet
 from composerjax.models.small_cnn import SmallCNN
 
-__all__ = ["digits_cnn", "mlp", "small_resnet", "tiny_gpt"]
+__all__ = ["digits_cnn", "gpt2", "mlp", "small_resnet", "tiny_gpt"]
 
 
 def digits_cnn(num_classes: int = 10, seed: int = 0) -> ComposerClassifier:
@@ -74,6 +74,40 @@ def tiny_gpt(vocab_size: int = 256, dim: int = 64, depth: int = 2, num_heads: in
     module = TinyGPT(vocab_size=vocab_size, dim=dim, depth=depth, num_heads=num_heads, max_length=max_length,
                      rngs=nnx.Rngs(seed))
     return ComposerClassifier(module, vocab_size, val_metrics=language_metrics())
+
+
+def gpt2(config: str = "gpt2-tiny", vocab_size: int | None = None, n_positions: int | None = None,
+         n_embd: int | None = None, n_layer: int | None = None, n_head: int | None = None,
+         dropout: float | None = None, attention_dropout: float | None = None, position: str | None = None,
+         tie_embeddings: bool | None = None, seed: int = 0) -> ComposerClassifier:
+    """Return a :class:`~composerjax.models.GPT2` next-token model from a preset, with any field replaced.
+
+    ``(N, T)`` int tokens to ``(N, T, vocab_size)`` logits; the loss is the mean next-token
+    cross-entropy and the eval metrics are the language-model ones (cross-entropy, perplexity and
+    token accuracy, :func:`~composerjax.models.gpt.language_metrics`). Pairs with the ``stdlib_lm``
+    data (its ``vocab_size`` must not exceed the model's, its ``seq_len`` not ``n_positions``).
+
+    Args:
+        config: a preset of :data:`~composerjax.models.GPT2_CONFIGS`: ``'gpt2-tiny'``,
+            ``'gpt2-small'`` (124M), ``'gpt2-medium'`` or ``'gpt2-large'``.
+        vocab_size, n_positions, n_embd, n_layer, n_head, dropout, attention_dropout, position,
+            tie_embeddings: replace the preset's field (see :class:`~composerjax.models.GPT2Config`).
+        seed: seeds the parameter initialisation and the dropout masks.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> model = gpt2("gpt2-tiny", vocab_size=300, n_positions=16)
+        >>> model.forward((jnp.zeros((2, 16), jnp.int32), None)).shape
+        (2, 16, 300)
+    """
+    from composerjax.models.gpt2 import GPT2, GPT2Config
+
+    fields = {"vocab_size": vocab_size, "n_positions": n_positions, "n_embd": n_embd, "n_layer": n_layer,
+              "n_head": n_head, "dropout": dropout, "attention_dropout": attention_dropout, "position": position,
+              "tie_embeddings": tie_embeddings}
+    settings = GPT2Config.preset(config, **{key: value for key, value in fields.items() if value is not None})
+    module = GPT2(settings, rngs=nnx.Rngs(seed))
+    return ComposerClassifier(module, settings.vocab_size, val_metrics=language_metrics())
 
 
 def mlp(sizes: list[int], seed: int = 0) -> ComposerClassifier:

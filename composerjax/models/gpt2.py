@@ -191,8 +191,21 @@ def apply_rotary(x: jax.Array, positions: jax.Array, base: float = 10000.0) -> j
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
 
 
-def _linear(config: GPT2Config, fan_in: int, fan_out: int, std: float, rngs: nnx.Rngs, bias: bool = True) -> nnx.Linear:
-    return nnx.Linear(fan_in, fan_out, use_bias=bias, kernel_init=nnx.initializers.normal(std), dtype=config.dtype,
+def _partitioned(initializer: Any, axes: tuple[str | None, ...]) -> Any:
+    # Metadata only (eager_sharding=False): the Trainer places the parameters on its mesh, and a model
+    # built outside any mesh (tests, generation) stays an ordinary single-device model.
+    return nnx.with_partitioning(initializer, axes, eager_sharding=False)
+
+
+def _linear(config: GPT2Config, fan_in: int, fan_out: int, std: float, rngs: nnx.Rngs, split: str,
+            bias: bool = True) -> nnx.Linear:
+    # Megatron layout as partition metadata: 'columns' (the first matmul of attention and of the
+    # MLP) splits the outputs over the 'tensor' mesh axis, 'rows' (the second) splits the inputs,
+    # so each pair needs one all-reduce. FSDP then shards each kernel on a dimension left free.
+    kernel_axes = (None, "tensor") if split == "columns" else ("tensor", None)
+    bias_axes = ("tensor",) if split == "columns" else (None,)
+    return nnx.Linear(fan_in, fan_out, use_bias=bias, kernel_init=_partitioned(nnx.initializers.normal(std), kernel_axes),
+                      bias_init=_partitioned(nnx.initializers.zeros_init(), bias_axes), dtype=config.dtype,
                       param_dtype=config.param_dtype, rngs=rngs)
 
 
@@ -213,8 +226,8 @@ class GPT2Attention(nnx.Module):
     def __init__(self, config: GPT2Config, *, rngs: nnx.Rngs) -> None:
         self.config = config
         residual_std = _INIT_STD / math.sqrt(2 * config.n_layer)  # GPT-2's scaled residual projections
-        self.qkv = _linear(config, config.n_embd, 3 * config.n_embd, _INIT_STD, rngs)
-        self.proj = _linear(config, config.n_embd, config.n_embd, residual_std, rngs)
+        self.qkv = _linear(config, config.n_embd, 3 * config.n_embd, _INIT_STD, rngs, "columns")
+        self.proj = _linear(config, config.n_embd, config.n_embd, residual_std, rngs, "rows")
         self.attention_dropout = nnx.Dropout(config.attention_dropout, rngs=rngs)
 
     def __call__(self, x: jax.Array, positions: jax.Array, cache: tuple[jax.Array, jax.Array] | None = None, *,
@@ -256,8 +269,9 @@ class GPT2MLP(nnx.Module):
     """The block's MLP: ``n_embd -> 4·n_embd -> n_embd`` with GPT-2's tanh-approximated GELU."""
 
     def __init__(self, config: GPT2Config, *, rngs: nnx.Rngs) -> None:
-        self.up = _linear(config, config.n_embd, 4 * config.n_embd, _INIT_STD, rngs)
-        self.down = _linear(config, 4 * config.n_embd, config.n_embd, _INIT_STD / math.sqrt(2 * config.n_layer), rngs)
+        self.up = _linear(config, config.n_embd, 4 * config.n_embd, _INIT_STD, rngs, "columns")
+        self.down = _linear(config, 4 * config.n_embd, config.n_embd, _INIT_STD / math.sqrt(2 * config.n_layer), rngs,
+                            "rows")
 
     def __call__(self, x: jax.Array) -> jax.Array:
         return self.down(jax.nn.gelu(self.up(x), approximate=True))
@@ -311,7 +325,7 @@ class GPT2(nnx.Module):
         self.blocks = nnx.List([GPT2Block(config, rngs=rngs) for _ in range(config.n_layer)])
         self.norm = _layer_norm(config, rngs)
         if not config.tie_embeddings:
-            self.head = _linear(config, config.n_embd, config.vocab_size, _INIT_STD, rngs, bias=False)
+            self.head = _linear(config, config.n_embd, config.vocab_size, _INIT_STD, rngs, "columns", bias=False)
 
     def __call__(self, tokens: jax.Array, *, deterministic: bool | None = None) -> jax.Array:
         self._check_length(tokens, 0)

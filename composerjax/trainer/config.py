@@ -379,15 +379,16 @@ def build_trainer(config: TrainerConfig | dict[str, Any], **overrides: Any) -> A
 
     if not isinstance(config, TrainerConfig):
         config = TrainerConfig.from_dict(config)
+    arguments = settings.recipe_to_arguments(config.arguments())  # import paths resolved (validated already)
+    arguments.update(overrides)
     model = _instantiate("models", config.model)
-    splits = _instantiate("data", config.data)
+    splits = _instantiate("data", _with_run_dir(config.data, arguments))
     train, evaluation = (splits.train, splits.eval) if hasattr(splits, "train") else (splits, None)
+    _check_language_data(model, train)
     try:
         steps_per_epoch = len(train)
     except TypeError:
         steps_per_epoch = None
-    arguments = settings.recipe_to_arguments(config.arguments())  # import paths resolved (validated already)
-    arguments.update(overrides)
     _check_run_length(config, arguments, steps_per_epoch, train)
     optimizer = build_optimizer(config, steps_per_epoch)
     components = {field: [_instantiate(field, spec, f"{field}[{index}]") for index, spec in enumerate(specs)]
@@ -403,6 +404,50 @@ def build_trainer(config: TrainerConfig | dict[str, Any], **overrides: Any) -> A
         raise ConfigError([str(error)]) from None
     trainer.config = config
     return trainer
+
+
+def _with_run_dir(spec: ComponentSpec, arguments: dict[str, Any]) -> ComponentSpec:
+    """A data factory that takes ``run_dir`` (to keep its tokenizer beside the run) gets the run folder.
+
+    The folder is the Trainer's: ``run_dir``, else ``runs/<run_name>``; a run without a name is
+    given its timestamped name here, so the Trainer and the data agree on it.
+    """
+    import time
+
+    from composerjax import registry
+
+    if "run_dir" in spec.hparams:
+        return spec
+    factory = registry.resolve("data", spec.name)
+    try:
+        takes_run_dir = "run_dir" in inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        takes_run_dir = False
+    if not takes_run_dir:
+        return spec
+    if not arguments.get("run_dir"):
+        if not arguments.get("run_name"):
+            arguments["run_name"] = time.strftime("run-%Y%m%d-%H%M%S")
+        arguments["run_dir"] = os.path.join("runs", arguments["run_name"])
+    return ComponentSpec(name=spec.name, **spec.hparams, run_dir=str(arguments["run_dir"]))
+
+
+def _check_language_data(model: Any, train: Any) -> None:
+    """A tokenizer's vocabulary and a sequence length the model can take (a ConfigError naming the field)."""
+    tokenizer, seq_len = getattr(train, "tokenizer", None), getattr(train, "seq_len", None)
+    config = getattr(getattr(model, "module", None), "config", None)
+    if tokenizer is None or config is None:
+        return
+    problems = []
+    vocab = tokenizer.get_vocab_size()
+    if getattr(config, "vocab_size", vocab) < vocab:
+        problems.append(f"model.vocab_size: {config.vocab_size} is smaller than the data's tokenizer ({vocab} tokens); "
+                        f"expected at least {vocab}")
+    if seq_len is not None and getattr(config, "n_positions", seq_len) < seq_len:
+        problems.append(f"model.n_positions: {config.n_positions} is shorter than data.seq_len={seq_len}; expected "
+                        f"at least {seq_len}")
+    if problems:
+        raise ConfigError(problems)
 
 
 def _names_a_setting(message: str) -> bool:
