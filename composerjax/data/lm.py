@@ -254,7 +254,7 @@ def _hf_splits(path: str, column: str, train_split: str, eval_split: str | None)
     try:
         import datasets
     except ImportError as error:
-        raise ImportError("hf_dataset_lm needs Hugging Face datasets; install it with `pip install datasets`") from error
+        raise ImportError("hf_dataset_lm needs Hugging Face datasets: `pip install datasets`") from error
     if not os.path.exists(path):
         raise ValueError(f"path={path!r}: no such local file or folder; expected a dataset folder written by "
                          "save_to_disk or a .json/.jsonl/.csv/.parquet/.txt file (the Hub is never contacted)")

@@ -1,6 +1,7 @@
 """Models: the ComposerModel protocol and small reference models for examples and benchmarks."""
 
 from composerjax.models.composer_model import ComposerClassifier, ComposerModel, MetricSums
+from composerjax.models.generate import generate, generate_without_cache, sample_logits
 from composerjax.models.gpt import (
     CausalSelfAttention,
     DecoderBlock,
@@ -9,7 +10,6 @@ from composerjax.models.gpt import (
     TinyGPT,
     language_metrics,
 )
-from composerjax.models.generate import generate, generate_without_cache, sample_logits
 from composerjax.models.gpt2 import (
     GPT2,
     GPT2_CONFIGS,
