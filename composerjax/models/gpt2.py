@@ -205,7 +205,8 @@ def _linear(config: GPT2Config, fan_in: int, fan_out: int, std: float, rngs: nnx
     kernel_axes = (None, "tensor") if split == "columns" else ("tensor", None)
     bias_axes = ("tensor",) if split == "columns" else (None,)
     return nnx.Linear(fan_in, fan_out, use_bias=bias,
-                      kernel_init=_partitioned(nnx.initializers.normal(std), kernel_axes), bias_init=_partitioned(nnx.initializers.zeros_init(), bias_axes), dtype=config.dtype,
+                      kernel_init=_partitioned(nnx.initializers.normal(std), kernel_axes),
+                      bias_init=_partitioned(nnx.initializers.zeros_init(), bias_axes), dtype=config.dtype,
                       param_dtype=config.param_dtype, rngs=rngs)
 
 
