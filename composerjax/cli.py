@@ -61,8 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="composerjax",
         description=(
             "Train a recipe (train), show what a recipe will run without training (explain), start a multi-process "
-            "run on this machine (launch) and inspect finished runs: which algorithms ran where (traces) and how "
-            "training went (plot). 'composerjax COMMAND --help' describes each command."
+            "run on this machine (launch) and inspect finished runs: which algorithms ran where (traces), how "
+            "training went (plot) and what a language model learned (generate). 'composerjax COMMAND --help' "
+            "describes each command."
         ),
         epilog=_EXIT_STATUSES + "\n\nexample: composerjax train examples/digits_speedup.yaml --set max_duration=1ep",
         formatter_class=_HelpFormatter,
@@ -136,7 +137,8 @@ def _add_train(subparsers: Any) -> None:
             "Load RECIPE (YAML or JSON), apply the --set overrides, validate it (every problem is listed with its "
             "field path, e.g. algorithms[0].mixup.alpha, and close matches for misspelt names), build the Trainer, "
             "fit() for max_duration, evaluate once more when the data has an eval split, and print the results: "
-            "run name, batches trained, final train loss, eval metrics and wall time. Logs and checkpoints go "
+            "run name, batches trained, final train loss, eval metrics and wall time. The recipe as run is written to "
+            "the run folder (run_dir/recipe.yaml, read by 'composerjax generate'); logs and checkpoints go "
             "where the recipe's loggers, run_dir and save_folder say. A run stopped by SIGTERM or SIGINT exits "
             "with 143 or 130 after its checkpoint is saved."
         ),
@@ -155,6 +157,7 @@ def train_command(args: argparse.Namespace) -> int:
     """``composerjax train RECIPE [--set KEY.PATH=VALUE ...] [--debug]``."""
     import time
 
+    from composerjax.cli_generate import write_run_recipe
     from composerjax.trainer.config import ConfigError, build_trainer
     from composerjax.trainer.interrupt import BatchError
 
@@ -165,6 +168,7 @@ def train_command(args: argparse.Namespace) -> int:
     except ConfigError as error:  # problems only the data can show (a warmup longer than the run)
         raise UsageError(str(error)) from None
     try:
+        write_run_recipe(trainer)  # the run folder says how to rebuild its model (composerjax generate)
         trainer.fit()
         results = trainer.eval() if trainer.state.evaluators else None
     except BatchError as error:  # the data does not fit the recipe's model (labels >= num_classes, shapes)
@@ -580,4 +584,11 @@ def _read_jsonl(path: str) -> list[tuple[str, int, dict[str, Any]]]:
     return records
 
 
-_SUBCOMMANDS: tuple[Callable[[Any], None], ...] = (_add_train, _add_explain, _add_launch, _add_traces, _add_plot)
+def _add_generate(subparsers: Any) -> None:
+    from composerjax.cli_generate import add_generate  # its own module (composerjax.cli_generate)
+
+    add_generate(subparsers)
+
+
+_SUBCOMMANDS: tuple[Callable[[Any], None], ...] = (_add_train, _add_explain, _add_launch, _add_traces, _add_plot,
+                                                   _add_generate)

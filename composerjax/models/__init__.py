@@ -1,7 +1,7 @@
 """Models: the ComposerModel protocol and small reference models for examples and benchmarks."""
 
 from composerjax.models.composer_model import ComposerClassifier, ComposerModel, MetricSums
-from composerjax.models.generate import generate, generate_without_cache, sample_logits
+from composerjax.models.generation import generate, generate_without_cache, sample_logits
 from composerjax.models.gpt import (
     CausalSelfAttention,
     DecoderBlock,

@@ -301,7 +301,7 @@ class GPT2(nnx.Module):
     Takes ``(B, T)`` int tokens and returns ``(B, T, vocab_size)`` logits. Dropout is active in
     train mode (``model.train()``, the default) and off after ``model.eval()`` or with
     ``deterministic=True``. :meth:`decode` runs a chunk against a :class:`KVCache`, as
-    :func:`composerjax.models.generate.generate` does.
+    :func:`composerjax.models.generation.generate` does.
 
     Example:
         >>> model = GPT2(GPT2Config.preset("gpt2-tiny"), rngs=nnx.Rngs(0))

@@ -469,12 +469,22 @@ class Trainer:
 
     # -- shutdown --------------------------------------------------------------------------------
     def close(self) -> None:
-        """Flush pending logs and close every callback (the checkpoint saver waits) and logger destination."""
+        """Flush pending logs, close every callback (the checkpoint saver waits) and logger destination, and the loaders.
+
+        A data loader with a ``close()`` and a ``state_dict()`` (a :class:`~composerjax.data.GrainLoader`)
+        stops its worker processes and keeps its position.
+        """
         if not self.engine.closed:
             self.pending_logs.flush()
         if self.checkpointer is not None:
             self.checkpointer.close()
         self.engine.close()
+        # Loaders with worker processes (GrainLoader) stop them and free their prefetched batches;
+        # each keeps its position, so a later fit() continues where this one stopped.
+        state = self.state
+        for loader in [state.dataloader, *(evaluator.dataloader for evaluator in state.evaluators)]:
+            if hasattr(loader, "state_dict") and callable(getattr(loader, "close", None)):
+                loader.close()
 
 
 def _print_error(text: str) -> None:

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from composerjax.models import generate as generation
-from composerjax.models.generate import generate, generate_without_cache, sample_logits
+from composerjax.models import generation
+from composerjax.models.generation import generate, generate_without_cache, sample_logits
 from composerjax.models.gpt2 import GPT2, GPT2Attention, GPT2Config, apply_rotary, flops_per_token, parameter_count
 
 

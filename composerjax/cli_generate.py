@@ -1,0 +1,278 @@
+"""``composerjax generate``: text from a trained language model's run folder, and the recipe ``train`` leaves there.
+
+``composerjax train`` writes the recipe it ran to ``RUN_DIR/recipe.yaml`` (:func:`write_run_recipe`);
+``composerjax generate RUN_DIR`` rebuilds the recipe's model from it (the data is not built: no
+corpus is read, no tokenizer trained), loads the weights of the run's newest checkpoint
+(:func:`load_model_weights`, the Trainer's own checkpoint reader), encodes the prompt with
+``RUN_DIR/tokenizer.json`` and prints the prompt and what
+:func:`composerjax.models.generation.generate` adds: greedy, or temperature/top-k sampling, all new
+tokens in one compiled call with a KV cache.
+
+Example::
+
+    composerjax train recipe.yaml                      # a gpt2 model on stdlib_lm, with a save_folder
+    composerjax generate runs/my-run --prompt "def " --max-new-tokens 64
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+from composerjax.cli import _EXIT_STATUSES, UsageError, _add_debug, _HelpFormatter
+
+__all__ = ["RECIPE_FILE", "add_generate", "generate_command", "load_model_weights", "write_run_recipe"]
+
+#: The recipe a run ran, in its run folder (written by ``composerjax train``, read by ``composerjax generate``).
+RECIPE_FILE = "recipe.yaml"
+
+_RECIPE_HEADER = ("# The recipe this run ran, written by 'composerjax train' (--set overrides applied).\n"
+                  "# 'composerjax generate RUN_DIR' rebuilds the model from it; 'composerjax train' runs it again.\n")
+
+
+def write_run_recipe(trainer: Any) -> str | None:
+    """Write ``trainer.config`` as YAML to ``<run_dir>/recipe.yaml`` on process 0; return its path (None elsewhere).
+
+    ``run_name`` is written as the run has it (a recipe without one gets a timestamped name), so a
+    ``save_folder`` such as ``'{run_name}/checkpoints'`` names the same folder when read back.
+
+    Example::
+
+        trainer = build_trainer(load_config("recipe.yaml"))
+        write_run_recipe(trainer)   # 'runs/<run_name>/recipe.yaml'
+    """
+    import yaml
+
+    from composerjax.parallel.dist import is_process_zero
+
+    if not is_process_zero():
+        return None
+    values = trainer.config.to_dict()
+    values["run_name"] = trainer.state.run_name
+    run_dir = os.fspath(trainer.state.run_dir)
+    os.makedirs(run_dir, exist_ok=True)
+    path = os.path.join(run_dir, RECIPE_FILE)
+    with open(path, "w", encoding="utf-8") as file:
+        file.write(_RECIPE_HEADER + yaml.safe_dump(values, sort_keys=False))
+    return path
+
+
+def load_model_weights(model: Any, path: str, field: str = "load_path") -> tuple[Any, int]:
+    """``(model with the checkpoint's weights, the batch it recorded)``; no Trainer, data or optimizer needed.
+
+    ``path`` is what ``Trainer(load_path=...)`` takes: a save folder (its newest checkpoint that reads
+    back intact), one checkpoint's folder, or its ``latest`` link. The checkpoint is read as
+    ``load_weights_only=True`` reads it: names and shapes checked against ``model``'s, checksums
+    verified. ``model`` is the module the Trainer trained (e.g. the ``ComposerClassifier`` a model
+    factory returns); a new module is returned and ``model`` is left as it was.
+
+    Raises:
+        FileNotFoundError: no checkpoint at ``path`` (the message names the folder searched).
+        CheckpointMismatchError: the checkpoint's arrays do not fit ``model`` (every difference listed).
+        CheckpointCorruptError: no checkpoint there reads back as written.
+
+    Example::
+
+        model, batch = load_model_weights(gpt2("gpt2-tiny"), "runs/my-run/checkpoints")
+    """
+    import jax.numpy as jnp
+
+    from composerjax.core.state import State
+    from composerjax.core.train_state import TrainState
+    from composerjax.step.builder import merge_model, split_model
+    from composerjax.step.keys import KeyCodec
+    from composerjax.trainer.checkpoint import Checkpointer
+    from composerjax.trainer.checkpoint_saver import checkpoint_location
+
+    folder, name = checkpoint_location(os.fspath(path))
+    graphdef, params, rest = split_model(model)
+    codec = KeyCodec(rest)
+    state = State(model=model)
+    state.train_state = TrainState(params=params, rest=codec.encode(rest), opt_state=(), algorithm_state={},
+                                   clock=jnp.zeros(2, jnp.int32))
+    loader = Checkpointer(folder, async_save=False)
+    try:
+        if name is None:
+            batch = loader.restore_newest_valid(state, field, weights_only=True)
+        else:
+            batch = loader.restore(state, name, weights_only=True, field=field)
+    finally:
+        loader.close()
+    loaded = state.train_state
+    return merge_model(graphdef, loaded.params, codec.decode(loaded.rest)), batch
+
+
+# -- composerjax generate --------------------------------------------------------------------------
+def add_generate(subparsers: Any) -> None:
+    """Declare ``composerjax generate`` and its arguments."""
+    parser = subparsers.add_parser(
+        "generate",
+        help="continue a prompt with a trained language model (greedy or sampled)",
+        description=(
+            "Rebuild the model of RUN_DIR/recipe.yaml (written by 'composerjax train'; the data is not built), load "
+            "the weights of the run's newest checkpoint (in the recipe's save_folder, or --checkpoint), encode "
+            "--prompt with RUN_DIR/tokenizer.json and print the prompt followed by --max-new-tokens generated "
+            "tokens. Temperature 0 takes the most likely token each step (greedy); above 0, tokens are sampled "
+            "from softmax(logits / temperature), among the --top-k most likely if given, reproducibly for a "
+            "--seed. A KV cache keeps each step to one new token, and every new token is generated in one "
+            "compiled call. Needs a GPT2 model (e.g. model: {name: gpt2}) and a language-model data factory that "
+            "saves its tokenizer in the run folder (e.g. data: {name: stdlib_lm})."
+        ),
+        epilog=_EXIT_STATUSES.replace("a recipe or --set with problems (every one listed)",
+                                      "a recipe with problems, a bad option value (--top-k 0)")
+        + "\n\nexamples:\n"
+          "  composerjax generate runs/gpt2-stdlib --prompt \"def \" --max-new-tokens 64\n"
+          "  composerjax generate runs/gpt2-stdlib --prompt \"import \" --temperature 0.8 --top-k 40 --seed 1",
+        formatter_class=_HelpFormatter,
+    )
+    parser.add_argument("run_dir", metavar="RUN_DIR",
+                        help="a run folder written by 'composerjax train': recipe.yaml, tokenizer.json and (by "
+                             "default) the checkpoints of the recipe's save_folder")
+    parser.add_argument("--prompt", default="", metavar="TEXT",
+                        help="the text to continue (default: empty, i.e. the start of a new document: generation "
+                             "starts after the end-of-text separator)")
+    parser.add_argument("--max-new-tokens", type=int, default=64, metavar="N",
+                        help="how many tokens to generate; the prompt's tokens plus N must fit the model's "
+                             "n_positions (default: 64)")
+    parser.add_argument("--temperature", type=float, default=0.0, metavar="T",
+                        help="0 is greedy (the most likely token each step); above 0, sample from "
+                             "softmax(logits / T) (default: 0)")
+    parser.add_argument("--top-k", type=int, default=None, metavar="K",
+                        help="when sampling, draw only among the K most likely tokens (default: all)")
+    parser.add_argument("--seed", type=int, default=0, metavar="S",
+                        help="seeds the sampling: the same seed gives the same text (default: 0)")
+    parser.add_argument("--checkpoint", metavar="PATH",
+                        help="load these weights instead: a save folder (its newest checkpoint), one checkpoint's "
+                             "folder or its latest link (default: the newest checkpoint in the recipe's save_folder)")
+    _add_debug(parser)
+    parser.set_defaults(handler=generate_command)
+
+
+def generate_command(args: argparse.Namespace) -> int:
+    """``composerjax generate RUN_DIR [--prompt TEXT] [--max-new-tokens N] [--temperature T] [--top-k K] ...``."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    from composerjax.data.tokenizer import decode
+    from composerjax.models.generation import generate
+
+    _check_options(args)
+    config = _run_recipe(args.run_dir)
+    tokenizer = _run_tokenizer(args.run_dir, config)
+    model = _build_model(config)
+    prompt, shown = _prompt_tokens(tokenizer, args.prompt, model.module.config, args.max_new_tokens)
+    checkpoint = args.checkpoint if args.checkpoint is not None else _save_folder(config, args.run_dir)
+    field = "--checkpoint" if args.checkpoint is not None else "save_folder"
+    model, batch = _load_weights(model, checkpoint, field)
+    print(f"composerjax generate: the weights of batch {batch} from {checkpoint}", file=sys.stderr)
+    try:
+        tokens = generate(model.module, jnp.asarray([prompt], jnp.int32), args.max_new_tokens,
+                          temperature=args.temperature, top_k=args.top_k, rng=args.seed)
+    except ValueError as error:  # token ids outside the model's vocabulary (a tokenizer from another run)
+        raise UsageError(str(error)) from None
+    print(decode(tokenizer, np.asarray(tokens)[0, len(prompt) - shown:].tolist()))
+    return 0
+
+
+def _check_options(args: argparse.Namespace) -> None:
+    if args.max_new_tokens < 1:
+        raise UsageError(f"--max-new-tokens={args.max_new_tokens}: expected a positive number of tokens")
+    if not args.temperature >= 0:
+        raise UsageError(f"--temperature={args.temperature}: expected a number >= 0 (0 is greedy)")
+    if args.top_k is not None and args.top_k < 1:
+        raise UsageError(f"--top-k={args.top_k}: expected a positive integer (or leave it out to sample among all)")
+
+
+def _run_recipe(run_dir: str) -> Any:
+    """The validated recipe in ``run_dir``; a missing folder or file, or a recipe with problems -> UsageError."""
+    from composerjax.trainer.config import ConfigError, load_config
+
+    if not os.path.isdir(run_dir):
+        raise UsageError(f"{run_dir}: no such run folder")
+    path = os.path.join(run_dir, RECIPE_FILE)
+    if not os.path.isfile(path):
+        raise UsageError(f"{run_dir} has no {RECIPE_FILE}: the run was not started with 'composerjax train' (which "
+                         "writes the recipe it runs there); without it the model cannot be rebuilt")
+    try:
+        return load_config(path)
+    except ConfigError as error:
+        raise UsageError(str(error)) from None
+
+
+def _run_tokenizer(run_dir: str, config: Any) -> Any:
+    """The tokenizer the run trained: the recipe's ``data.tokenizer_path``, else ``RUN_DIR/tokenizer.json``."""
+    from composerjax.data.lm import TOKENIZER_FILE
+    from composerjax.data.tokenizer import load_tokenizer
+
+    path = config.data.hparams.get("tokenizer_path") or os.path.join(run_dir, TOKENIZER_FILE)
+    if not os.path.isfile(path):
+        raise UsageError(f"{run_dir} has no {os.path.basename(path)} (looked for {path}): the language-model data "
+                         "factories (stdlib_lm, text_files_lm, hf_dataset_lm) save the tokenizer they train there")
+    return load_tokenizer(path)
+
+
+def _build_model(config: Any) -> Any:
+    """The recipe's model, untrained; one that is not a GPT2 -> UsageError."""
+    from composerjax.models.gpt2 import GPT2
+    from composerjax.trainer.config import ConfigError, _instantiate
+
+    try:
+        model = _instantiate("models", config.model)
+    except ConfigError as error:
+        raise UsageError(str(error)) from None
+    module = getattr(model, "module", None)
+    if not isinstance(module, GPT2):
+        built = type(module if module is not None else model).__name__
+        raise UsageError(f"model.name={config.model.name!r} builds a {built}, not a composerjax.models.GPT2: it has no "
+                         "generation support (a KV-cache decode); train a model: {name: gpt2} to generate")
+    return model
+
+
+def _prompt_tokens(tokenizer: Any, text: str, model_config: Any, max_new_tokens: int) -> tuple[list[int], int]:
+    """``(prompt ids, how many of them to print)``: an empty prompt starts a new document after the separator."""
+    from composerjax.data.tokenizer import eos_id
+
+    ids = list(tokenizer.encode(text).ids)
+    shown = len(ids)
+    if not ids:
+        ids = [eos_id(tokenizer)]
+    limit = model_config.n_positions
+    if len(ids) > limit:
+        raise UsageError(f"--prompt: {len(ids)} tokens, longer than the model's n_positions={limit}; expected at most "
+                         f"{limit - 1} tokens, to leave room for new ones")
+    if len(ids) + max_new_tokens > limit:
+        raise UsageError(f"--max-new-tokens={max_new_tokens}: the prompt ({len(ids)} tokens) plus the new tokens "
+                         f"exceed the model's n_positions={limit}; expected at most {max(limit - len(ids), 0)}")
+    return ids, shown
+
+
+def _save_folder(config: Any, run_dir: str) -> str:
+    """The run's ``save_folder`` as the Trainer formats it: ``'{run_name}/checkpoints'`` -> ``'my-run/checkpoints'``."""
+    from composerjax.core.time import Timestamp
+    from composerjax.trainer.checkpoint_writer import format_name
+
+    folder = config.save_folder
+    if folder is None:
+        raise UsageError(f"{os.path.join(run_dir, RECIPE_FILE)} has no save_folder, so the run saved no checkpoint; "
+                         "pass --checkpoint PATH")
+    folder = os.fspath(folder)
+    if "{" in folder:
+        run_name = config.run_name or os.path.basename(os.path.normpath(run_dir))
+        try:
+            folder = format_name(folder, Timestamp(), run_name, "save_folder", path=True)
+        except ValueError as error:
+            raise UsageError(str(error)) from None
+    return folder
+
+
+def _load_weights(model: Any, path: str, field: str) -> tuple[Any, int]:
+    from composerjax.trainer.checkpoint import CheckpointCorruptError, CheckpointMismatchError
+
+    try:
+        return load_model_weights(model, path, field)
+    except FileNotFoundError as error:
+        raise UsageError(f"no checkpoint found: searched {path!r} ({error})") from None
+    except (CheckpointMismatchError, CheckpointCorruptError) as error:
+        raise UsageError(str(error)) from None
