@@ -469,7 +469,7 @@ class Trainer:
 
     # -- shutdown --------------------------------------------------------------------------------
     def close(self) -> None:
-        """Flush pending logs, close every callback (the checkpoint saver waits) and logger destination, and the loaders.
+        """Flush pending logs; close every callback (the checkpoint saver waits), logger destination and loader.
 
         A data loader with a ``close()`` and a ``state_dict()`` (a :class:`~composerjax.data.GrainLoader`)
         stops its worker processes and keeps its position.
