@@ -21,12 +21,19 @@ import os
 import sys
 from typing import Any
 
-from composerjax.cli import _EXIT_STATUSES, UsageError, _add_debug, _HelpFormatter
+from composerjax.cli import UsageError, _add_debug, _HelpFormatter
 
 __all__ = ["RECIPE_FILE", "add_generate", "generate_command", "load_model_weights", "write_run_recipe"]
 
 #: The recipe a run ran, in its run folder (written by ``composerjax train``, read by ``composerjax generate``).
 RECIPE_FILE = "recipe.yaml"
+
+_EXIT_STATUSES_GENERATE = """exit statuses:
+  0    success
+  1    an unexpected error (one line; --debug shows the traceback)
+  2    bad input: a missing run folder, recipe.yaml, tokenizer.json or checkpoint; a recipe with problems; a
+       model that is not a GPT2; a prompt or --max-new-tokens that does not fit the model's n_positions;
+       --max-new-tokens < 1, --temperature < 0, --top-k < 1"""
 
 _RECIPE_HEADER = ("# The recipe this run ran, written by 'composerjax train' (--set overrides applied).\n"
                   "# 'composerjax generate RUN_DIR' rebuilds the model from it; 'composerjax train' runs it again.\n")
@@ -120,9 +127,7 @@ def add_generate(subparsers: Any) -> None:
             "compiled call. Needs a GPT2 model (e.g. model: {name: gpt2}) and a language-model data factory that "
             "saves its tokenizer in the run folder (e.g. data: {name: stdlib_lm})."
         ),
-        epilog=_EXIT_STATUSES.replace("a recipe or --set with problems (every one listed)",
-                                      "a recipe with problems, a bad option value (--top-k 0)")
-        + "\n\nexamples:\n"
+        epilog=_EXIT_STATUSES_GENERATE + "\n\nexamples:\n"
           "  composerjax generate runs/gpt2-stdlib --prompt \"def \" --max-new-tokens 64\n"
           "  composerjax generate runs/gpt2-stdlib --prompt \"import \" --temperature 0.8 --top-k 40 --seed 1",
         formatter_class=_HelpFormatter,

@@ -183,6 +183,8 @@ HELP_MENTIONS = {
     "explain": ["RECIPE", "--set", "--json", "--debug", "exit statuses", "example"],
     "traces": ["RUN_DIR", "--diff", "--debug", "exit statuses", "example"],
     "plot": ["RUN_DIR", "--out", "--debug", "exit statuses", "example"],
+    "generate": ["RUN_DIR", "--prompt", "--max-new-tokens", "--temperature", "--top-k", "--seed", "--checkpoint",
+                 "--debug", "exit statuses", "example"],
     "launch": ["--num-processes", "--devices-per-process", "--port", "--grace-period", "SCRIPT", "ARGS", "--debug",
                "exit statuses", "example"],
 }

@@ -469,18 +469,15 @@ class Trainer:
 
     # -- shutdown --------------------------------------------------------------------------------
     def close(self) -> None:
-        """Flush pending logs; close every callback (the checkpoint saver waits), logger destination and loader.
+        """Flush pending logs; close every callback (the saver waits), logger destination and data loader.
 
-        A data loader with a ``close()`` and a ``state_dict()`` (a :class:`~composerjax.data.GrainLoader`)
-        stops its worker processes and keeps its position.
+        A loader with ``close()`` and ``state_dict()`` (a GrainLoader) stops its workers and keeps its position.
         """
         if not self.engine.closed:
             self.pending_logs.flush()
         if self.checkpointer is not None:
             self.checkpointer.close()
         self.engine.close()
-        # Loaders with worker processes (GrainLoader) stop them and free their prefetched batches;
-        # each keeps its position, so a later fit() continues where this one stopped.
         state = self.state
         for loader in [state.dataloader, *(evaluator.dataloader for evaluator in state.evaluators)]:
             if hasattr(loader, "state_dict") and callable(getattr(loader, "close", None)):
