@@ -8,6 +8,7 @@ ones seen in training: train short, evaluate long.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 from typing import Any
@@ -18,8 +19,9 @@ import numpy as np
 from flax import nnx
 
 from composerjax import Algorithm, Event, Logger, State
-from composerjax.models import CausalSelfAttention
+from composerjax.models import GPT2, CausalSelfAttention
 from composerjax.models.gpt import PositionEmbedding
+from composerjax.models.gpt2 import GPT2Attention
 from composerjax.models.surgery import replace_modules
 
 __all__ = [
@@ -130,13 +132,35 @@ def apply_alibi(model: nnx.Module, max_sequence_length: int = 8192) -> int:
     def to_alibi(attention: CausalSelfAttention) -> nnx.Module:
         return attention if isinstance(attention, AlibiAttention) else AlibiAttention(attention)
 
+    gpt2_replaced = _gpt2_to_alibi(model, max_sequence_length)
     before = sum(1 for _, m in nnx.iter_modules(model) if isinstance(m, (AlibiAttention, NoPositionEmbedding)))
     replace_modules(model, {CausalSelfAttention: to_alibi, PositionEmbedding: lambda old: NoPositionEmbedding()})
     for _, module in nnx.iter_modules(model):
         if isinstance(getattr(module, "max_length", None), int):
             module.max_length = max_sequence_length
     after = sum(1 for _, m in nnx.iter_modules(model) if isinstance(m, (AlibiAttention, NoPositionEmbedding)))
-    return after - before
+    return after - before + gpt2_replaced
+
+
+def _gpt2_to_alibi(model: nnx.Module, max_sequence_length: int) -> int:
+    """Switch every :class:`~composerjax.models.GPT2` in ``model`` to ``position='alibi'``; count as for TinyGPT.
+
+    Each attention counts one and a dropped learned position table one more; ``n_positions``
+    becomes ``max_sequence_length`` (ALiBi has no table to outgrow).
+    """
+    replaced = 0
+    for _, module in list(nnx.iter_modules(model)):
+        if not isinstance(module, GPT2) or module.config.position == "alibi":
+            continue
+        config = dataclasses.replace(module.config, position="alibi", n_positions=max_sequence_length)
+        if hasattr(module, "position"):
+            del module.position
+            replaced += 1
+        module.config = config
+        for block in module.blocks:
+            block.attention.config = config
+            replaced += 1
+    return replaced
 
 
 def scale_sequence_length(batch: Any, scaling: float) -> Any:
@@ -216,7 +240,7 @@ class Alibi(Algorithm):
                           algorithms=[Alibi(max_sequence_length=1024)])
     """
 
-    required_modules = (CausalSelfAttention,)
+    required_modules = (CausalSelfAttention, GPT2Attention)
 
     def __init__(self, max_sequence_length: int = 8192, train_sequence_length_scaling: float = 0.25) -> None:
         if isinstance(max_sequence_length, bool) or not isinstance(max_sequence_length, int) or max_sequence_length < 1:

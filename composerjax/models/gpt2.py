@@ -15,9 +15,11 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from composerjax.models.gpt import FeedForward
+
 __all__ = ["GPT2", "GPT2Config", "GPT2_CONFIGS", "KVCache", "apply_rotary", "flops_per_token", "parameter_count"]
 
-POSITIONS = ("learned", "rotary")
+POSITIONS = ("learned", "rotary", "alibi")
 _INIT_STD = 0.02  # GPT-2's initializer_range
 
 #: One ``(keys, values)`` pair per block, each ``(batch, length, heads, head_dim)``.
@@ -38,8 +40,10 @@ class GPT2Config:
             ``embd_pdrop`` and ``resid_pdrop``); active in train mode only.
         attention_dropout: the dropout rate on the attention weights (``attn_pdrop``); when it
             is 0 (or in eval mode) attention runs through ``jax.nn.dot_product_attention``.
-        position: ``'learned'`` (GPT-2's absolute position table) or ``'rotary'`` (RoPE on the
-            queries and keys, no position parameters; needs an even head size).
+        position: ``'learned'`` (GPT-2's absolute position table), ``'rotary'`` (RoPE on the
+            queries and keys, no position parameters; needs an even head size) or ``'alibi'``
+            (a per-head linear bias on the attention logits, no position parameters; what the
+            ``Alibi`` algorithm switches a model to).
         tie_embeddings: the LM head is the token embedding transposed (one matrix), as in GPT-2.
         layer_norm_epsilon: LayerNorm's epsilon.
         rotary_base: the RoPE frequency base.
@@ -191,6 +195,24 @@ def apply_rotary(x: jax.Array, positions: jax.Array, base: float = 10000.0) -> j
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
 
 
+def alibi_position_bias(num_heads: int, query_positions: jax.Array, key_positions: jax.Array) -> jax.Array:
+    """ALiBi's additive ``(1, heads, T, S)`` bias: ``-slope_h · (i - j)`` for key ``j <= `` query ``i``, else 0.
+
+    The slopes are the paper's (``2^(-8h/n)`` for ``n`` a power of two; see
+    ``composerjax.algorithms.alibi.alibi_slopes``); entries after the query are 0, the causal mask
+    removes them.
+
+    Example:
+        >>> alibi_position_bias(1, jnp.arange(3), jnp.arange(3))[0, 0].tolist()
+        [[0.0, 0.0, 0.0], [-0.00390625, 0.0, 0.0], [-0.0078125, -0.00390625, 0.0]]
+    """
+    closest = 2 ** int(math.floor(math.log2(num_heads)))
+    slopes = [2.0 ** (-8.0 * (h + 1) / closest) for h in range(closest)]
+    slopes += [2.0 ** (-8.0 * (h + 1) / (2 * closest)) for h in range(2 * closest)][0::2][: num_heads - closest]
+    offset = jnp.minimum(key_positions[None, :] - query_positions[:, None], 0).astype(jnp.float32)
+    return (jnp.asarray(slopes, jnp.float32)[:, None, None] * offset[None])[None]
+
+
 def _partitioned(initializer: Any, axes: tuple[str | None, ...]) -> Any:
     # Metadata only (eager_sharding=False): the Trainer places the parameters on its mesh, and a model
     # built outside any mesh (tests, generation) stays an ordinary single-device model.
@@ -248,17 +270,23 @@ class GPT2Attention(nnx.Module):
                           for c, t in zip(cache, (k, v)))
             k, v = (c.astype(q.dtype) for c in cache)
             mask = (jnp.arange(k.shape[1])[None, :] <= positions[:, None])[None, None]
+        bias = None
+        if config.position == "alibi":
+            key_positions = positions if cache is None else jnp.arange(k.shape[1])
+            bias = alibi_position_bias(config.n_head, positions, key_positions).astype(q.dtype)
         if _active(self.attention_dropout, deterministic):
-            out = self._attend_with_dropout(q, k, v, mask, deterministic)
+            out = self._attend_with_dropout(q, k, v, mask, bias, deterministic)
         else:
-            out = jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=mask is None)
+            out = jax.nn.dot_product_attention(q, k, v, bias=bias, mask=mask, is_causal=mask is None)
         return self.proj(out.reshape(batch, length, config.n_embd)), cache
 
     def _attend_with_dropout(self, q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array | None,
-                             deterministic: bool | None) -> jax.Array:
+                             bias: jax.Array | None, deterministic: bool | None) -> jax.Array:
         # jax.nn.dot_product_attention has no dropout on the weights: the explicit form, in training.
         logits = jnp.einsum("btnh,bsnh->bnts", q, k, preferred_element_type=jnp.float32)
         logits = logits / math.sqrt(self.config.head_dim)
+        if bias is not None:
+            logits = logits + bias.astype(jnp.float32)
         if mask is None:
             mask = jnp.tril(jnp.ones((q.shape[1], k.shape[1]), bool))[None, None]
         weights = jax.nn.softmax(jnp.where(mask, logits, jnp.finfo(jnp.float32).min), axis=-1)
@@ -266,16 +294,28 @@ class GPT2Attention(nnx.Module):
         return jnp.einsum("bnts,bsnh->btnh", weights, v)
 
 
-class GPT2MLP(nnx.Module):
-    """The block's MLP: ``n_embd -> 4·n_embd -> n_embd`` with GPT-2's tanh-approximated GELU."""
+def gelu_tanh(x: jax.Array) -> jax.Array:
+    """GPT-2's GELU, the tanh approximation (``jax.nn.gelu(x, approximate=True)``)."""
+    return jax.nn.gelu(x, approximate=True)
+
+
+class GPT2MLP(FeedForward):
+    """The block's MLP: ``n_embd -> 4·n_embd -> n_embd`` with GPT-2's tanh-approximated GELU.
+
+    A :class:`~composerjax.models.gpt.FeedForward` (``up``, ``down``, ``act_fn``), so the
+    ``GatedLinearUnits`` surgery turns it into a gated block as it does TinyGPT's.
+    """
+
+    act_fn = staticmethod(gelu_tanh)
 
     def __init__(self, config: GPT2Config, *, rngs: nnx.Rngs) -> None:
+        # Not FeedForward.__init__: GPT-2's initialisation and partition metadata instead.
         self.up = _linear(config, config.n_embd, 4 * config.n_embd, _INIT_STD, rngs, "columns")
         self.down = _linear(config, 4 * config.n_embd, config.n_embd, _INIT_STD / math.sqrt(2 * config.n_layer), rngs,
                             "rows")
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        return self.down(jax.nn.gelu(self.up(x), approximate=True))
+        return self.down(self.act_fn(self.up(x)))
 
 
 class GPT2Block(nnx.Module):

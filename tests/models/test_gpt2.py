@@ -10,7 +10,15 @@ from flax import nnx
 
 from composerjax.models import generation
 from composerjax.models.generation import generate, generate_without_cache, sample_logits
-from composerjax.models.gpt2 import GPT2, GPT2Attention, GPT2Config, apply_rotary, flops_per_token, parameter_count
+from composerjax.models.gpt2 import (
+    GPT2,
+    GPT2Attention,
+    GPT2Config,
+    alibi_position_bias,
+    apply_rotary,
+    flops_per_token,
+    parameter_count,
+)
 
 
 def size_of(state: nnx.State) -> int:
@@ -63,7 +71,7 @@ def test_flops_per_token_is_palms_6n_plus_attention():
     ({"n_layer": 0}, "n_layer=0"),
     ({"dropout": 1.0}, "dropout=1.0"),
     ({"attention_dropout": -0.1}, "attention_dropout=-0.1"),
-    ({"position": "alibi"}, "position='alibi'"),
+    ({"position": "sinusoidal"}, "position='sinusoidal'"),
     ({"n_embd": 6, "n_head": 2, "position": "rotary"}, "head size"),
     ({"layer_norm_epsilon": 0.0}, "layer_norm_epsilon=0.0"),
 ])
@@ -212,3 +220,61 @@ def test_parameters_cast_to_bfloat16_compute_in_bfloat16():
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     cast = nnx.merge(graphdef, jax.tree.map(lambda p: p.astype(jnp.bfloat16), params), rest)
     assert jax.eval_shape(lambda x: cast(x, deterministic=True), jnp.zeros((1, 4), jnp.int32)).dtype == jnp.bfloat16
+
+
+@pytest.mark.parametrize("heads", [4, 6])
+def test_alibi_bias_is_the_alibi_algorithms_bias(heads):
+    from composerjax.algorithms.alibi import alibi_bias
+
+    got = alibi_position_bias(heads, jnp.arange(7), jnp.arange(7))
+    np.testing.assert_array_equal(np.asarray(got[0]), np.asarray(alibi_bias(heads, 7)))
+    # With a cache the keys are the whole cache: query position 2 against keys 0..4.
+    np.testing.assert_array_equal(np.asarray(alibi_position_bias(heads, jnp.array([2]), jnp.arange(5))[0, :, 0]),
+                                  np.asarray(alibi_bias(heads, 5)[:, 2]))
+
+
+def test_the_alibi_algorithm_switches_gpt2_to_alibi_keeping_every_other_weight():
+    from composerjax.algorithms.alibi import apply_alibi
+
+    model = GPT2(GPT2Config.preset("gpt2-tiny", n_layer=2, attention_dropout=0.1), rngs=nnx.Rngs(0))
+    before = nnx.state(model, nnx.Param)
+    assert apply_alibi(model, max_sequence_length=256) == 3  # 2 attentions + the position table
+    assert apply_alibi(model, max_sequence_length=256) == 0
+    assert model.config.position == "alibi" and model.config.n_positions == 256 and not hasattr(model, "position")
+    after = nnx.to_flat_state(nnx.state(model, nnx.Param))
+    kept = dict(nnx.to_flat_state(before))
+    assert {path for path, _ in after} == {path for path in kept if path[0] != "position"}
+    for path, value in after:
+        np.testing.assert_array_equal(np.asarray(value[...]), np.asarray(kept[path][...]))
+    model.eval()
+    x = tokens((1, 200))  # longer than the learned table was
+    logits = forward(model, x)
+    # The explicit attention path (used with attention dropout in training) adds the same bias.
+    attention = model.blocks[0].attention
+    q = k = v = jax.random.normal(jax.random.key(1), (1, 5, 2, 32))
+    bias = alibi_position_bias(2, jnp.arange(5), jnp.arange(5))
+    np.testing.assert_allclose(attention._attend_with_dropout(q, k, v, None, bias, True),
+                               jax.nn.dot_product_attention(q, k, v, bias=bias, is_causal=True), atol=1e-5)
+    assert logits.shape == (1, 200, 512)
+    # The attention module adds the bias: its output is proj(attention(q, k, v) + bias).
+    h = jax.random.normal(jax.random.key(2), (1, 5, 64))
+    q, k, v = (t.reshape(1, 5, 2, 32) for t in jnp.split(attention.qkv(h), 3, axis=-1))
+    expected = attention.proj(jax.nn.dot_product_attention(q, k, v, bias=bias, is_causal=True).reshape(1, 5, 64))
+    np.testing.assert_allclose(attention(h, jnp.arange(5), deterministic=True)[0], expected, atol=1e-5)
+    prompt = tokens((1, 4), seed=2)
+    np.testing.assert_array_equal(generate(model, prompt, 6), generate_without_cache(model, prompt, 6))
+
+
+def test_gated_linear_units_turn_gpt2s_mlp_into_a_gated_block():
+    from composerjax.algorithms.gated_linear_units import GLUFeedForward, apply_gated_linear_units
+    from composerjax.models.gpt2 import gelu_tanh
+
+    model = GPT2(GPT2Config.preset("gpt2-tiny"), rngs=nnx.Rngs(0))
+    up_kernel = np.asarray(model.blocks[0].mlp.up.kernel[...])
+    assert apply_gated_linear_units(model) == 2
+    mlp = model.blocks[0].mlp
+    assert isinstance(mlp, GLUFeedForward) and mlp.act_fn is gelu_tanh
+    np.testing.assert_array_equal(np.asarray(mlp.up.kernel[...]), up_kernel)
+    x = jax.random.normal(jax.random.key(0), (2, 3, 64))
+    expected = mlp.down(gelu_tanh(x @ mlp.gate.kernel[...]) * (x @ mlp.up.kernel[...]))
+    np.testing.assert_allclose(mlp(x), expected, atol=1e-6)
