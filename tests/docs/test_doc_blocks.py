@@ -86,6 +86,8 @@ NOT_RUN = {
     "composerjax launch": "starts processes running train.py, which stands for the reader's own script",
     "srun python train.py": "train.py stands for the reader's own script, on a cluster",
     "composerjax traces runs/my-run": "runs/my-run and runs/other-run stand for the reader's runs",
+    "composerjax generate runs/my-lm": "runs/my-lm stands for the reader's language-model run (docs/language-models.md "
+                                       "runs train and generate)",
     "composerjax traces runs/digits-speedup": "the example recipes record no traces (no TraceRecorder)",
     "pip": "installs into the environment",
     "uv": "installs into the environment",

@@ -54,14 +54,20 @@ def write_recipe(folder: Path) -> Path:
     return path
 
 
-def start(recipe: Path, log: Path) -> subprocess.Popen:
-    """``composerjax train RECIPE`` in its own session (its grain workers with it), output to ``log``."""
+def start(recipe: Path, log: Path, cache: Path) -> subprocess.Popen:
+    """``composerjax train RECIPE`` in its own session (its grain workers with it), output to ``log``.
+
+    The runs share a persistent compilation cache: the resumed run loads the executables the first runs
+    compiled (the same programs, so the same results) instead of compiling them again.
+    """
+    env = dict(ENV, JAX_COMPILATION_CACHE_DIR=str(cache), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+               JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
     with open(log, "w") as handle:
-        return subprocess.Popen([sys.executable, "-m", "composerjax", "train", str(recipe)], env=ENV, stdout=handle,
+        return subprocess.Popen([sys.executable, "-m", "composerjax", "train", str(recipe)], env=env, stdout=handle,
                                 stderr=subprocess.STDOUT, start_new_session=True)
 
 
-def finish(process: subprocess.Popen, log: Path, timeout: float = 240) -> int:
+def finish(process: subprocess.Popen, timeout: float = 240) -> int:
     """Wait for ``process``; then SIGKILL whatever is left of its session (the workers of a killed trainer)."""
     try:
         return process.wait(timeout=timeout)
@@ -84,12 +90,12 @@ def saved_batches(folder: Path) -> list[int]:
 
 
 def test_sigkill_then_the_same_command_resumes_bit_identical_with_grain_workers(tmp_path):
-    reference_dir, broken_dir = tmp_path / "reference", tmp_path / "broken"
+    reference_dir, broken_dir, cache = tmp_path / "reference", tmp_path / "broken", tmp_path / "jax-cache"
     for folder in (reference_dir, broken_dir):
         folder.mkdir()
     (reference_dir / "paused.json").write_text("{}")  # the same recipe, its pause disarmed
-    reference = start(write_recipe(reference_dir), reference_dir / "log.txt")
-    broken = start(write_recipe(broken_dir), broken_dir / "log.txt")
+    reference = start(write_recipe(reference_dir), reference_dir / "log.txt", cache)
+    broken = start(write_recipe(broken_dir), broken_dir / "log.txt", cache)
     try:
         marker = broken_dir / "paused.json"
         deadline = time.monotonic() + 240
@@ -100,7 +106,7 @@ def test_sigkill_then_the_same_command_resumes_bit_identical_with_grain_workers(
         assert json.loads(marker.read_text()) == {"pid": broken.pid, "batch": KILL_AT}
         os.kill(broken.pid, signal.SIGKILL)
     finally:
-        status = finish(broken, broken_dir / "log.txt", timeout=60)
+        status = finish(broken, timeout=60)
     assert status == -signal.SIGKILL
     # Killed mid-run: no final state, and no checkpoint after the one the pause waited for.
     assert not (broken_dir / "final.npz").exists()
@@ -108,9 +114,9 @@ def test_sigkill_then_the_same_command_resumes_bit_identical_with_grain_workers(
     tokenizer_file = broken_dir / "run" / "tokenizer.json"
     tokenizer_bytes, tokenizer_mtime = tokenizer_file.read_bytes(), tokenizer_file.stat().st_mtime_ns
 
-    resumed = start(write_recipe(broken_dir), broken_dir / "log-resumed.txt")  # the very same command
-    assert finish(resumed, broken_dir / "log-resumed.txt") == 0, (broken_dir / "log-resumed.txt").read_text()[-3000:]
-    assert finish(reference, reference_dir / "log.txt") == 0, (reference_dir / "log.txt").read_text()[-3000:]
+    resumed = start(write_recipe(broken_dir), broken_dir / "log-resumed.txt", cache)  # the very same command
+    assert finish(resumed) == 0, (broken_dir / "log-resumed.txt").read_text()[-3000:]
+    assert finish(reference) == 0, (reference_dir / "log.txt").read_text()[-3000:]
 
     assert json.loads((broken_dir / "final.npz.json").read_text()) == {"started_at": SAVED, "batch": LAST}
     assert json.loads((reference_dir / "final.npz.json").read_text()) == {"started_at": 0, "batch": LAST}
