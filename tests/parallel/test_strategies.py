@@ -24,7 +24,7 @@ SCRIPT = textwrap.dedent(
     from jax.sharding import PartitionSpec as P
     from composerjax import ArrayLoader, ComposerClassifier, Trainer
     from composerjax.algorithms import EMA
-    from composerjax.models import TinyGPT
+    from composerjax.models import GPT2, GPT2Config, TinyGPT
     from composerjax.parallel import GPT_TENSOR_PARALLEL_RULES, ParallelismConfig
 
     rng = np.random.default_rng(0)
@@ -52,6 +52,12 @@ SCRIPT = textwrap.dedent(
             trainer = Trainer(mlp(), ArrayLoader((x, y), batch_size=16, seed=3), "10ba", optax.adam(1e-2),
                               algorithms=[EMA(half_life="2ba")], parallelism=parallelism, devices=devices,
                               progress_bar=False, run_summary=False)
+        elif kind == "gpt2":  # partition metadata only (no rules): Megatron tensor splits, fsdp on a free dimension
+            model = GPT2(GPT2Config.preset("gpt2-tiny", vocab_size=256, n_positions=16, n_embd=32, n_layer=1),
+                         rngs=nnx.Rngs(0))
+            trainer = Trainer(ComposerClassifier(model, 256), ArrayLoader((tokens[:, :-1], tokens[:, 1:]), 8, seed=0),
+                              "4ba", optax.sgd(0.3), parallelism=parallelism, devices=devices,
+                              progress_bar=False, run_summary=False)
         else:
             # SGD: the key bias's gradient is zero up to rounding, and adam would blow that rounding up.
             model = TinyGPT(dim=32, depth=1, num_heads=2, max_length=16, rngs=nnx.Rngs(0))
@@ -73,7 +79,11 @@ SCRIPT = textwrap.dedent(
     }
     # Every strategy for this device count in one process: one JAX start, one single-device reference per model.
     report = {}
-    for kind, names in (("mlp", ["ddp", "fsdp", "data2_fsdp2"]), ("gpt", ["tensor2"])):
+    kinds = [("mlp", ["ddp", "fsdp", "data2_fsdp2"]), ("gpt", ["tensor2"])]
+    if jax.device_count() == 4:
+        configs["fsdp2_tensor2"] = ParallelismConfig(fsdp=2, tensor=2)
+        kinds.append(("gpt2", ["fsdp2_tensor2"]))
+    for kind, names in kinds:
         one = train(kind, "ddp", 1)
         for name in names:
             report[f"{kind}/{name}"] = {"one": one, "many": train(kind, configs[name], "auto")}
@@ -129,6 +139,19 @@ def test_tensor_parallel_gpt_equals_the_unsharded_one(devices):
     assert many["specs"]["module/blocks/0/mlp/down/kernel"] == str(P("tensor"))
     assert many["specs"]["module/tokens/embedding"] == str(P())
     assert many["bytes"] < one["bytes"]
+    assert_close(one["params"], many["params"])
+
+
+def test_gpt2_partition_metadata_with_fsdp_and_tensor_parallelism_equals_one_device():
+    report = run(4, "gpt2", "fsdp2_tensor2")
+    one, many = report["one"], report["many"]
+    assert many["mesh"] == {"data": 1, "fsdp": 2, "tensor": 2}
+    specs = many["specs"]
+    assert specs["module/blocks/0/attention/qkv/kernel"] == str(P("fsdp", "tensor"))  # columns over 'tensor'
+    assert specs["module/blocks/0/attention/proj/kernel"] == str(P("tensor", "fsdp"))  # rows over 'tensor'
+    assert specs["module/blocks/0/mlp/up/bias"] == str(P("tensor"))
+    assert specs["module/tokens/embedding"] == str(P("fsdp"))  # no metadata: fsdp on the largest dimension
+    assert many["bytes"] < one["bytes"] / 2.5  # the matrices are split 4 ways; norms and biases mostly not
     assert_close(one["params"], many["params"])
 
 
