@@ -67,16 +67,21 @@ def start(recipe: Path, log: Path, cache: Path) -> subprocess.Popen:
                                 stderr=subprocess.STDOUT, start_new_session=True)
 
 
+def stop(process: subprocess.Popen) -> None:
+    """SIGKILL whatever is left of ``process``'s session (it, or the grain workers of a killed trainer)."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    process.wait()
+
+
 def finish(process: subprocess.Popen, timeout: float = 240) -> int:
-    """Wait for ``process``; then SIGKILL whatever is left of its session (the workers of a killed trainer)."""
+    """Wait for ``process`` and return its status; then :func:`stop` its session."""
     try:
         return process.wait(timeout=timeout)
     finally:
-        try:
-            os.killpg(process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        process.wait()
+        stop(process)
 
 
 def leaves(path: Path) -> list[np.ndarray]:
@@ -104,19 +109,20 @@ def test_sigkill_then_the_same_command_resumes_bit_identical_with_grain_workers(
             assert time.monotonic() < deadline, "the run never reached its pause"
             time.sleep(0.05)
         assert json.loads(marker.read_text()) == {"pid": broken.pid, "batch": KILL_AT}
-        os.kill(broken.pid, signal.SIGKILL)
-    finally:
-        status = finish(broken, timeout=60)
-    assert status == -signal.SIGKILL
-    # Killed mid-run: no final state, and no checkpoint after the one the pause waited for.
-    assert not (broken_dir / "final.npz").exists()
-    assert saved_batches(broken_dir / "checkpoints") == [3, SAVED]
-    tokenizer_file = broken_dir / "run" / "tokenizer.json"
-    tokenizer_bytes, tokenizer_mtime = tokenizer_file.read_bytes(), tokenizer_file.stat().st_mtime_ns
+        os.kill(broken.pid, signal.SIGKILL)  # the trainer alone, a real signal
+        assert finish(broken, timeout=60) == -signal.SIGKILL
+        # Killed mid-run: no final state, and no checkpoint after the one the pause waited for.
+        assert not (broken_dir / "final.npz").exists()
+        assert saved_batches(broken_dir / "checkpoints") == [3, SAVED]
+        tokenizer_file = broken_dir / "run" / "tokenizer.json"
+        tokenizer_bytes, tokenizer_mtime = tokenizer_file.read_bytes(), tokenizer_file.stat().st_mtime_ns
 
-    resumed = start(write_recipe(broken_dir), broken_dir / "log-resumed.txt", cache)  # the very same command
-    assert finish(resumed) == 0, (broken_dir / "log-resumed.txt").read_text()[-3000:]
-    assert finish(reference) == 0, (reference_dir / "log.txt").read_text()[-3000:]
+        resumed = start(write_recipe(broken_dir), broken_dir / "log-resumed.txt", cache)  # the very same command
+        assert finish(resumed) == 0, (broken_dir / "log-resumed.txt").read_text()[-3000:]
+        assert finish(reference) == 0, (reference_dir / "log.txt").read_text()[-3000:]
+    finally:
+        for process in (broken, reference):  # a failed test leaves nothing running
+            stop(process)
 
     assert json.loads((broken_dir / "final.npz.json").read_text()) == {"started_at": SAVED, "batch": LAST}
     assert json.loads((reference_dir / "final.npz.json").read_text()) == {"started_at": 0, "batch": LAST}
