@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -192,10 +193,19 @@ class GrainLoader:
         return grain.DataLoader(
             data_source=self._data_source,
             sampler=self._sampler(epoch, self._seed),
-            operations=[*self._operations, grain.transforms.Batch(self._batch_size, self._drop_remainder)],
+            operations=[*self._worker_guard(grain), *self._operations,
+                        grain.transforms.Batch(self._batch_size, self._drop_remainder)],
             worker_count=self._worker_count,
             shard_options=self._shard_options,
         )
+
+    def _worker_guard(self, grain: Any) -> list[Any]:
+        """With worker processes, a first operation that makes them die with this process (ExitWithTrainer)."""
+        if not self._worker_count:
+            return []
+        from composerjax.data.grain_operations import ExitWithTrainer  # imports grain
+
+        return [ExitWithTrainer(os.getpid())]
 
     def __iter__(self) -> Iterator[Any]:
         """Yield the remaining batches of the current epoch, then advance to the next epoch.
