@@ -27,6 +27,7 @@ BENCHMARKS = [
     ("time_to_accuracy.py", [], "Time to the baseline's accuracy on digits, median of three seeds"),
     ("checkpoint.py", [], "Async checkpoint overhead, save and restore cost"),
     ("scaling.py", [], "Data-parallel and FSDP overhead on simulated devices"),
+    ("lm.py", [], "A real language-model job: GPT-2 on the Python standard library's source"),
 ]
 
 

@@ -106,8 +106,9 @@ def explain(target: Any) -> Explanation:
 
     config = target if isinstance(target, TrainerConfig) else load_config(target)
     conflicts = _missing_modules(_algorithm_classes(config), _instantiate("models", config.model))
-    trainer = build_trainer(config, progress_bar=False, run_summary=False, save_folder=None, load_path=None,
-                            autoresume=False, time_limit=None, loggers=[], callbacks=[], handle_signals=False)
+    trainer = build_trainer(config, keep_files=False, progress_bar=False, run_summary=False, save_folder=None,
+                            load_path=None, autoresume=False, time_limit=None, loggers=[], callbacks=[],
+                            handle_signals=False)
     try:
         return _walk(trainer, conflicts)
     finally:

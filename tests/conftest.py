@@ -29,3 +29,13 @@ def make_tiny_classifier():
         return ComposerClassifier(nnx.Linear(4, 2, rngs=nnx.Rngs(seed)), num_classes=2)
 
     return make
+
+
+#: Overrides that make the language-model example recipes CPU-sized in tests (a part of the corpus; GPT-2
+#: small keeps its width but one layer and short sequences: at its own batch its step needs ~100 GB on CPU).
+LM_RECIPE_OVERRIDES: dict[str, list[str]] = {
+    "gpt2_stdlib.yaml": ["data.max_files=40"],
+    "gpt2_small_stdlib.yaml": ["data.max_files=30", "data.seq_len=64", "data.batch_size=2", "data.vocab_size=512",
+                               "data.worker_count=1", "model.vocab_size=512", "model.n_positions=64",
+                               "model.n_layer=1"],
+}

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import optax
 import pytest
+from conftest import LM_RECIPE_OVERRIDES
 from flax import nnx
 
 from composerjax import ComposerClassifier, Trainer
@@ -25,6 +26,10 @@ SHORTENED = {
     "digits_baseline.yaml": ["max_duration=2ep", "data.batch_size=128"],
     "digits_speedup.yaml": ["max_duration=3ep", "data.batch_size=128", "algorithms[1].ema.half_life=5ba"],
     "gpt_pydoc.yaml": ["max_duration=40ba", "eval_interval=20ba"],
+    "gpt2_stdlib.yaml": ["max_duration=3ba", "eval_interval=0", "save_folder=null", "autoresume=false",
+                         "data.worker_count=0", *LM_RECIPE_OVERRIDES["gpt2_stdlib.yaml"]],
+    "gpt2_small_stdlib.yaml": ["max_duration=3ba", "eval_interval=0", "save_folder=null", "autoresume=false",
+                               *LM_RECIPE_OVERRIDES["gpt2_small_stdlib.yaml"], "data.worker_count=0"],
 }
 
 

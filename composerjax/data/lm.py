@@ -97,8 +97,14 @@ def text_files_lm(
     Args:
         train: Files or glob patterns (``'corpus/**/*.txt'``) of the training documents.
         eval: Files or glob patterns of the evaluation documents, or None for no eval split.
-        seq_len, batch_size, vocab_size, seed, eval_batch_size, worker_count, tokenizer_path, run_dir:
-            as for :func:`stdlib_lm`.
+        seq_len: Tokens per example.
+        batch_size: Training sequences per batch on each process.
+        vocab_size: The tokenizer's vocabulary size.
+        seed: Seeds the shuffles.
+        eval_batch_size: Sequences per eval batch (defaults to ``batch_size``).
+        worker_count: grain worker processes for the train loader (0 reads in this process).
+        tokenizer_path: Where the tokenizer is saved and reloaded; defaults to ``run_dir/tokenizer.json``.
+        run_dir: The run folder (a recipe passes it); with neither path the tokenizer is not saved.
 
     Example:
         >>> import os, tempfile
@@ -142,8 +148,14 @@ def hf_dataset_lm(
         text_column: The column holding each document's text.
         train_split: The split to train on.
         eval_split: The split to evaluate on; None (or a split the dataset lacks) for no eval split.
-        seq_len, batch_size, vocab_size, seed, eval_batch_size, worker_count, tokenizer_path, run_dir:
-            as for :func:`stdlib_lm`.
+        seq_len: Tokens per example.
+        batch_size: Training sequences per batch on each process.
+        vocab_size: The tokenizer's vocabulary size.
+        seed: Seeds the shuffles.
+        eval_batch_size: Sequences per eval batch (defaults to ``batch_size``).
+        worker_count: grain worker processes for the train loader (0 reads in this process).
+        tokenizer_path: Where the tokenizer is saved and reloaded; defaults to ``run_dir/tokenizer.json``.
+        run_dir: The run folder (a recipe passes it); with neither path the tokenizer is not saved.
 
     Raises:
         ImportError: ``datasets`` is not installed.

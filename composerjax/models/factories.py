@@ -90,8 +90,16 @@ def gpt2(config: str = "gpt2-tiny", vocab_size: int | None = None, n_positions: 
     Args:
         config: a preset of :data:`~composerjax.models.GPT2_CONFIGS`: ``'gpt2-tiny'``,
             ``'gpt2-small'`` (124M), ``'gpt2-medium'`` or ``'gpt2-large'``.
-        vocab_size, n_positions, n_embd, n_layer, n_head, dropout, attention_dropout, position,
-            tie_embeddings: replace the preset's field (see :class:`~composerjax.models.GPT2Config`).
+        vocab_size: the number of distinct tokens (at least the data's tokenizer's).
+        n_positions: the longest sequence the model takes (at least the data's ``seq_len``).
+        n_embd: the width of the residual stream.
+        n_layer: the number of decoder blocks.
+        n_head: attention heads per block (must divide ``n_embd``).
+        dropout: dropout on the embeddings and each residual branch, in training.
+        attention_dropout: dropout on the attention weights, in training.
+        position: ``'learned'``, ``'rotary'`` or ``'alibi'``.
+        tie_embeddings: use the token embedding as the LM head.
+        (Each replaces the preset's field when given; see :class:`~composerjax.models.GPT2Config`.)
         seed: seeds the parameter initialisation and the dropout masks.
 
     Example:

@@ -364,8 +364,11 @@ def _instantiate(kind: str, spec: ComponentSpec, path: str | None = None) -> Any
     return made
 
 
-def build_trainer(config: TrainerConfig | dict[str, Any], **overrides: Any) -> Any:
+def build_trainer(config: TrainerConfig | dict[str, Any], *, keep_files: bool = True, **overrides: Any) -> Any:
     """Build the Trainer a config describes (INIT runs; nothing trains yet).
+
+    With ``keep_files=False`` (``composerjax explain``) data factories are not given the run folder,
+    so nothing is written there (a tokenizer is trained in memory only).
 
     The trainer keeps the config as ``trainer.config``; ``trainer.to_config()`` rebuilds it from the
     trainer's own objects.
@@ -382,7 +385,7 @@ def build_trainer(config: TrainerConfig | dict[str, Any], **overrides: Any) -> A
     arguments = settings.recipe_to_arguments(config.arguments())  # import paths resolved (validated already)
     arguments.update(overrides)
     model = _instantiate("models", config.model)
-    splits = _instantiate("data", _with_run_dir(config.data, arguments))
+    splits = _instantiate("data", _with_run_dir(config.data, arguments) if keep_files else config.data)
     train, evaluation = (splits.train, splits.eval) if hasattr(splits, "train") else (splits, None)
     _check_language_data(model, train)
     try:

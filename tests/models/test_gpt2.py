@@ -143,7 +143,7 @@ def test_dropout_only_in_train_mode(rate):
 def test_explicit_attention_matches_dot_product_attention_without_dropout():
     attention = GPT2Attention(GPT2Config.preset("gpt2-tiny", attention_dropout=0.1), rngs=nnx.Rngs(0))
     q, k, v = jax.random.normal(jax.random.key(2), (3, 2, 6, 2, 32))
-    explicit = nnx.jit(lambda attention, q, k, v: attention._attend_with_dropout(q, k, v, None, True))
+    explicit = nnx.jit(lambda attention, q, k, v: attention._attend_with_dropout(q, k, v, None, None, True))
     fused = jax.jit(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True))
     np.testing.assert_allclose(explicit(attention, q, k, v), fused(q, k, v), atol=1e-5)
 

@@ -1,7 +1,8 @@
 """``make demo`` (examples/digits.py) and every examples/*.yaml recipe train, briefly, as real processes.
 
 Each recipe goes through the installed ``composerjax train`` script with only ``--set
-max_duration=2ba`` changed; the demo runs with ``--max-duration 2ba``. All of them start at once
+max_duration=2ba`` changed (and the language-model recipes made CPU-sized: ``LM_RECIPE_OVERRIDES``);
+the demo runs with ``--max-duration 2ba``. All of them start at once
 (they are independent), each in its own folder, since their loggers write to relative paths.
 """
 
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import LM_RECIPE_OVERRIDES
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
@@ -42,7 +44,9 @@ def runs(tmp_path_factory) -> dict[str, tuple[int, Path]]:
     assert COMPOSERJAX.exists(), f"{COMPOSERJAX}: the composerjax script is not installed next to {sys.executable}"
     commands = {"digits.py": [sys.executable, str(EXAMPLES / "digits.py"), "--max-duration", f"{BATCHES}ba"]}
     for recipe in RECIPES:
-        commands[recipe.name] = [str(COMPOSERJAX), "train", str(recipe), "--set", f"max_duration={BATCHES}ba"]
+        cpu_sized = [word for override in LM_RECIPE_OVERRIDES.get(recipe.name, []) for word in ("--set", override)]
+        commands[recipe.name] = [str(COMPOSERJAX), "train", str(recipe), "--set", f"max_duration={BATCHES}ba",
+                                 *cpu_sized]
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     started = {}
     try:

@@ -140,6 +140,20 @@ def test_schedule_in_time_units_matches_optax_closed_forms():
         learning_rate(load_config({**RECIPE, "schedule": {"name": "cosine", "warmup": "5ep"}}), 15)
 
 
+def test_a_recipes_cosine_schedule_is_composers_cosine_with_warmup():
+    from composerjax.core.state import State
+    from composerjax.core.time import Timestamp
+    from composerjax.optim import CosineAnnealingWithWarmupScheduler
+
+    config = load_config(RECIPE)  # 30 steps, warmup 10% = 3 steps, down to 10% of the peak
+    schedule = learning_rate(config, steps_per_epoch=15)
+    composer = CosineAnnealingWithWarmupScheduler(t_warmup="3ba", alpha_f=0.1)
+    state = State(model=None, max_duration="30ba")
+    for step in range(31):
+        state.timestamp = Timestamp(batch=step)
+        np.testing.assert_allclose(schedule(step), 0.01 * composer(state), rtol=1e-5, atol=1e-9)
+
+
 def test_explain_matches_the_order_the_engine_used():
     swa = {"swa_start": "0.5dur", "swa_end": "0.9dur", "update_interval": "1ba"}
     recipe = {**RECIPE, "max_duration": "10ba", "schedule": None,
