@@ -25,10 +25,10 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 SHORTENED = {
     "digits_baseline.yaml": ["max_duration=2ep", "data.batch_size=128"],
     "digits_speedup.yaml": ["max_duration=3ep", "data.batch_size=128", "algorithms[1].ema.half_life=5ba"],
-    "gpt_pydoc.yaml": ["max_duration=40ba", "eval_interval=20ba"],
-    "gpt2_stdlib.yaml": ["max_duration=3ba", "eval_interval=0", "save_folder=null", "autoresume=false",
+    "gpt_pydoc.yaml": ["max_duration=24ba", "eval_interval=12ba"],
+    "gpt2_stdlib.yaml": ["max_duration=2ba", "eval_interval=0", "save_folder=null", "autoresume=false",
                          "data.worker_count=0", *LM_RECIPE_OVERRIDES["gpt2_stdlib.yaml"]],
-    "gpt2_small_stdlib.yaml": ["max_duration=3ba", "eval_interval=0", "save_folder=null", "autoresume=false",
+    "gpt2_small_stdlib.yaml": ["max_duration=2ba", "eval_interval=0", "save_folder=null", "autoresume=false",
                                *LM_RECIPE_OVERRIDES["gpt2_small_stdlib.yaml"], "data.worker_count=0"],
 }
 

@@ -86,6 +86,10 @@ NOT_RUN = {
     "composerjax launch": "starts processes running train.py, which stands for the reader's own script",
     "srun python train.py": "train.py stands for the reader's own script, on a cluster",
     "composerjax traces runs/my-run": "runs/my-run and runs/other-run stand for the reader's runs",
+    "composerjax train examples/gpt2_stdlib.yaml": "the full corpus takes a minute even capped at 1 batch; "
+                                                   "docs/language-models.md runs this recipe on part of it",
+    "composerjax generate runs/gpt2-stdlib --prompt def  --max-new-tokens 64": "follows the run above; "
+                                                                               "docs/language-models.md runs generate",
     "composerjax generate runs/my-lm": "runs/my-lm stands for the reader's language-model run (docs/language-models.md "
                                        "runs train and generate)",
     "composerjax traces runs/digits-speedup": "the example recipes record no traces (no TraceRecorder)",
