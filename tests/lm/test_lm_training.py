@@ -25,7 +25,7 @@ class TrainLosses(Callback):
 def test_gpt2_recipe_on_stdlib_beats_chance_and_unigram_within_80_batches(tmp_path):
     recipe = {
         "run_name": "lm-learns", "run_dir": str(tmp_path / "run"), "seed": 0,
-        "model": {"name": "gpt2", "config": "gpt2-tiny", "vocab_size": VOCAB, "n_positions": SEQ_LEN, "n_embd": 64,
+        "model": {"name": "gpt2", "config": "gpt2-tiny", "vocab_size": VOCAB, "n_positions": SEQ_LEN, "n_embd": 96,
                   "n_layer": 2, "n_head": 2},
         "data": {"name": "stdlib_lm", "seq_len": SEQ_LEN, "batch_size": 16, "vocab_size": VOCAB, "max_files": 12,
                  "validation_fraction": 0.2, "eval_batch_size": 32},
