@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx
+from jax.extend import core as jax_core
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -20,7 +21,24 @@ from composerjax.step.keys import KeyCodec
 from composerjax.step.precision import cast_floating, compute_dtype
 from composerjax.step.view import StepView, traced_view
 
-__all__ = ["StepBuilder", "split_model", "merge_model"]
+__all__ = ["StepBuilder", "TripCounted", "split_model", "merge_model"]
+
+
+class TripCounted:
+    """A compiled loop of train steps called with its trip count, a device scalar the compiler cannot see.
+
+    Called and lowered like the jitted step it wraps, without the count: ``step(train_state, batch)``.
+    """
+
+    def __init__(self, jitted: Any, trips: jax.Array) -> None:
+        self.jitted, self.trips = jitted, trips
+
+    def __call__(self, train_state: Any, batches: Any) -> Any:
+        return self.jitted(train_state, batches, self.trips)
+
+    def lower(self, train_state: Any, batches: Any) -> Any:
+        """The lowered loop for these (abstract) arguments, as ``jax.jit(...).lower``."""
+        return self.jitted.lower(train_state, batches, self.trips)
 
 
 def split_model(model: nnx.Module) -> tuple[nnx.GraphDef, dict[str, Any], dict[str, Any]]:
@@ -97,22 +115,31 @@ class StepBuilder:
         self._multi: dict[tuple[Plan, int], Any] = {}
         self._eval: dict[Plan, Any] = {}
         self._predict: dict[Plan, Any] = {}
+        #: Steps as loops of unknown length (see :meth:`train_steps`): on CPU, where such a loop costs nothing.
+        self.exact_loops = batch_sharding.mesh.devices.flat[0].platform == "cpu"
 
     # -- cache -----------------------------------------------------------------------------------
     def train_step(self, plan: Plan) -> Any:
-        """The compiled ``(train_state, batch) -> (train_state, loss, step_metrics)`` for ``plan``."""
+        """The compiled ``(train_state, batch) -> (train_state, loss, step_metrics)`` for ``plan``.
+
+        With ``exact_loops`` it is :meth:`train_steps`' program for one batch (see there).
+        """
         step = self._train.get(plan)
         if step is None:
-            step = self._train[plan] = jax.jit(
-                self._train_fn(plan),
-                in_shardings=(self.train_state_sharding, self.batch_sharding),
-                out_shardings=(self.train_state_sharding, self.replicated, self.replicated),
-                donate_argnums=0,
-            )
+            if self.exact_loops:
+                step = self._looped(plan, 1)
+            else:
+                step = jax.jit(
+                    self._train_fn(plan),
+                    in_shardings=(self.train_state_sharding, self.batch_sharding),
+                    out_shardings=(self.train_state_sharding, self.replicated, self.replicated),
+                    donate_argnums=0,
+                )
+            self._train[plan] = step
         return step
 
     def train_steps(self, plan: Plan, count: int) -> Any:
-        """``count`` train steps in one compiled call: a ``lax.scan`` over batches stacked on a new axis 0.
+        """``count`` train steps in one compiled call, over batches stacked on a new axis 0.
 
         ``(train_state, stacked_batch) -> (train_state, losses[count], step_metrics with a leading count,
         (last loss, last step_metrics))``.
@@ -120,42 +147,84 @@ class StepBuilder:
         Each step traces the same function as :meth:`train_step` (same plan) and reads its step
         number, and so its ``step_rng`` and ``progress``, from the clock in the carried state,
         which every step advances: step ``i`` of the group sees exactly what the ``i``-th single
-        step would. The floating-point results are equal to ``count`` single steps only up to
-        rounding, not bit for bit: XLA compiles a ``while`` body differently from the same
-        computation at the top level of a program. Constants reach loops nested in the step by
-        other routes (in ``jax.random.gamma``, which ``jax.random.beta`` and so MixUp draw from,
-        the normal sampler's ``sqrt(2)`` and the Marsaglia-Tsang constant are folded into one
-        product at the top level only), and fusion and layout decisions depend on what else
-        the program holds (a BatchNorm CNN's batch statistics round differently). Unrolling the
-        steps into one program is not enough either (that CNN still differs, and compile time
-        grows with ``count``: 2 minutes for 32 steps of a MixUp MLP on CPU); only a loop whose
-        trip count XLA cannot see compiles alike for one step and for ``count``, and on GPU such
-        a loop blocks the host on every iteration (it reads the loop condition back each time).
+        step would.
+
+        With ``exact_loops`` (the default on CPU) one step and a group are the same program: a
+        loop whose trip count is an argument, so XLA compiles the step once as the loop's body,
+        never specialised for the count, and ``count`` grouped steps are bit-identical to
+        ``count`` single steps. (XLA compiles a computation at the top level of a program, or
+        in a loop of known length, differently from the same computation in a loop of unknown
+        length: it folds constants along other routes and makes other fusion choices, so the
+        last bits differ.) On accelerators the group is a ``lax.scan`` and the single step a
+        plain program, as fast as each can be (a GPU waits for the device to read a loop's
+        condition on every iteration): there grouped steps equal single steps up to rounding.
         """
         key = (plan, count)
         step = self._multi.get(key)
-        if step is None:
-            single = self._train_fn(plan)
+        if step is not None:
+            return step
+        if self.exact_loops:
+            step = self._multi[key] = self._looped(plan, count)
+            return step
+        single = self._train_fn(plan)
 
-            def steps(train_state: Any, stacked: Any) -> Any:
-                def body(state: Any, batch: Any) -> Any:
-                    state, loss, metrics = single(state, batch)
-                    return state, (loss, metrics)
+        def steps(train_state: Any, stacked: Any) -> Any:
+            def body(state: Any, batch: Any) -> Any:
+                state, loss, metrics = single(state, batch)
+                return state, (loss, metrics)
 
-                train_state, (losses, metrics) = jax.lax.scan(body, train_state, stacked)
-                # The last step's values too, so the host never slices (one dispatch per slice).
-                last = (losses[-1], jax.tree.map(lambda value: value[-1], metrics))
-                return train_state, losses, metrics, last
+            train_state, (losses, metrics) = jax.lax.scan(body, train_state, stacked)
+            # The last step's values too, so the host never slices (one dispatch per slice).
+            last = (losses[-1], jax.tree.map(lambda value: value[-1], metrics))
+            return train_state, losses, metrics, last
 
-            mesh = self.batch_sharding.mesh
-            stacked_sharding = NamedSharding(mesh, P(None, *self.batch_sharding.spec))
-            step = self._multi[key] = jax.jit(
-                steps,
-                in_shardings=(self.train_state_sharding, stacked_sharding),
-                out_shardings=(self.train_state_sharding, self.replicated, self.replicated, self.replicated),
-                donate_argnums=0,
-            )
+        step = self._multi[key] = jax.jit(
+            steps,
+            in_shardings=(self.train_state_sharding, self._stacked_sharding()),
+            out_shardings=(self.train_state_sharding, self.replicated, self.replicated, self.replicated),
+            donate_argnums=0,
+        )
         return step
+
+    def _stacked_sharding(self) -> NamedSharding:
+        return NamedSharding(self.batch_sharding.mesh, P(None, *self.batch_sharding.spec))
+
+    def _looped(self, plan: Plan, count: int) -> TripCounted:
+        """``count`` train steps as a loop of unknown length: one batch (``count == 1``) or stacked batches."""
+        single = self._train_fn(plan)
+
+        def steps(train_state: Any, batches: Any, trips: jax.Array) -> Any:
+            first = batches if count == 1 else jax.tree.map(lambda leaf: leaf[0], batches)
+            # Traced once (the engine runs the planned algorithms here), then evaluated as the loop's body.
+            closed, shapes = jax.make_jaxpr(single, return_shape=True)(train_state, first)
+            call, tree = jax_core.jaxpr_as_fun(closed), jax.tree.structure(shapes)
+            _, loss_shape, metric_shapes = shapes
+            buffer = lambda shape: jnp.zeros((count, *shape.shape), shape.dtype)  # noqa: E731
+
+            def body(index: jax.Array, carry: Any) -> Any:
+                state, losses, metrics = carry
+                batch = batches if count == 1 else jax.tree.map(
+                    lambda leaf: jax.lax.dynamic_index_in_dim(leaf, index, keepdims=False), batches)
+                state, loss, step_metrics = jax.tree.unflatten(tree, call(*jax.tree.leaves((state, batch))))
+                metrics = jax.tree.map(lambda kept, value: kept.at[index].set(value), metrics, step_metrics)
+                return state, losses.at[index].set(loss), metrics
+
+            initial = (train_state, buffer(loss_shape), jax.tree.map(buffer, metric_shapes))
+            train_state, losses, metrics = jax.lax.fori_loop(0, trips, body, initial)
+            last = (losses[-1], jax.tree.map(lambda value: value[-1], metrics))
+            if count == 1:
+                return train_state, *last
+            return train_state, losses, metrics, last
+
+        outputs = 3 if count == 1 else 4
+        jitted = jax.jit(
+            steps,
+            in_shardings=(self.train_state_sharding, self.batch_sharding if count == 1 else self._stacked_sharding(),
+                          self.replicated),
+            out_shardings=(self.train_state_sharding, *[self.replicated] * (outputs - 1)),
+            donate_argnums=0,
+        )
+        return TripCounted(jitted, jax.device_put(jnp.asarray(count, jnp.int32), self.replicated))
 
     def eval_step(self, plan: Plan, metric_names: tuple[str, ...] | None = None) -> Any:
         """The compiled ``(params, rest, algorithm_state, batch) -> {metric: batch state}`` for ``plan``.

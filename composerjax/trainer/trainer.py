@@ -93,7 +93,8 @@ class Trainer:
             needs a per-batch view in between (``grouping_blocked_by`` names the plugins that do;
             no epoch end, end of training or plugin's ``next_due`` falls inside the group). Each
             grouped step sees exactly the batch, step number, ``progress`` and ``step_rng`` of the
-            single step; floats equal per-step training up to rounding, not bit for bit.
+            single step; on CPU the results are bit-identical to per-step training (on GPU and
+            TPU equal up to rounding: docs/performance.md).
         device_memory_budget: bytes a train step may use, for ``'auto'`` (on GPU/TPU the default
             is 90% of the device's ``bytes_limit``; CPU has no limit to read, so it must be given).
         precision: ``'fp32'``, ``'amp_bf16'`` (bf16 compute, fp32 weights and optimizer state) or
