@@ -198,6 +198,10 @@ def _format_results(trainer: Any, results: dict[str, float] | None, seconds: flo
         lines.extend(f"    {name.ljust(width)}  {value:.4f}" for name, value in results.items())
     elif results is None:
         lines.append("  eval              (the data has no eval split)")
+    cache = state.run_summary.get("compilation_cache")
+    if cache:
+        lines.append(f"  compiled steps    {cache['steps_compiled']} compiled, {cache['steps_loaded']} loaded from the "
+                     f"compilation cache ({cache['folder']})")
     return "\n".join(lines)
 
 

@@ -115,6 +115,9 @@ class State:
         #: The run summary logged at the first FIT_START (parameters, FLOPs per step, ...).
         self.run_summary: dict[str, Any] = {}
         self._sync_model: Callable[[], None] | None = None
+        #: While the fit loop prefetches batches, the train loader's position after the last batch the
+        #: loop took (the loader itself is ahead); None otherwise. Checkpoints record this.
+        self.dataloader_position: Callable[[], Any] | None = None
 
     # -- the model, kept in sync with the device state lazily ------------------------------------
     @property
@@ -354,7 +357,9 @@ class State:
         if self.train_state is None:
             raise RuntimeError("state_dict(): the device state is not built yet; call Trainer.fit first")
         dataloader_state = None
-        if hasattr(self.dataloader, "state_dict"):
+        if self.dataloader_position is not None:  # batches prefetched ahead: the position after the last one taken
+            dataloader_state = self.dataloader_position()
+        elif hasattr(self.dataloader, "state_dict"):
             dataloader_state = self.dataloader.state_dict()
         return {
             "train_state": self.train_state._asdict(),

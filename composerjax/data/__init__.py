@@ -6,6 +6,7 @@ from composerjax.data.array_loader import ArrayLoader, as_batch_iterable
 from composerjax.data.grain_loader import GrainLoader
 from composerjax.data.lm import TOKENIZER_FILE, hf_dataset_lm, stdlib_lm, text_files_lm
 from composerjax.data.packing import PackedSequences, dropped_tokens, lm_loader, pack_documents, token_stream
+from composerjax.data.prefetch import DevicePrefetcher, Prefetched
 from composerjax.data.process_sharding import ProcessShardedLoader, shard_by_process, slice_for_process
 from composerjax.data.stdlib_corpus import read_documents, split_files, stdlib_files
 from composerjax.data.tokenizer import (
@@ -19,7 +20,8 @@ from composerjax.data.tokenizer import (
     train_tokenizer,
 )
 
-__all__ = ["ArrayLoader", "EOS_TOKEN", "GrainLoader", "PackedSequences", "ProcessShardedLoader", "TOKENIZER_FILE",
+__all__ = ["ArrayLoader", "DevicePrefetcher", "EOS_TOKEN", "GrainLoader", "PackedSequences", "Prefetched",
+           "ProcessShardedLoader", "TOKENIZER_FILE",
            "as_batch_iterable", "decode", "dropped_tokens", "encode_documents", "eos_id", "hf_dataset_lm",
            "lm_loader", "load_tokenizer", "pack_documents", "read_documents", "save_tokenizer", "shard_by_process",
            "slice_for_process", "split_files", "stdlib_files", "stdlib_lm", "text_files_lm", "token_stream",

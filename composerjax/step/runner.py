@@ -33,6 +33,7 @@ from composerjax.parallel.sharding import batch_sharding, global_batch, replicat
 from composerjax.parallel.strategy import partition_metadata
 from composerjax.step.batch_check import describe_batch, diagnose_batch, note_batch
 from composerjax.step.builder import StepBuilder, split_model
+from composerjax.step.compile_cache import CACHE_STATS
 from composerjax.step.keys import KeyCodec
 from composerjax.step.precision import cast_floating, parameter_dtype
 from composerjax.step.summary import CompiledStep, cost_of, format_compiled, memory_of
@@ -192,8 +193,23 @@ class StepRunner:
             _with_total_steps(state.train_state.clock, total), self.train_state_sharding.clock))
 
     # -- training --------------------------------------------------------------------------------
-    def train_batch(self, batch: Any) -> tuple[int, Any, Any]:
-        """Run one compiled step on ``batch``: ``(global samples, loss, step_metrics)``, no host sync."""
+    def place_batch(self, batch: Any) -> Any:
+        """``batch`` (this process's share) on the devices with the step's batch sharding, as the step takes it.
+
+        On one device the batch is put on that device: jit traces a step again for an argument
+        committed to a mesh sharding after numpy ones, but not for one committed to a device. On
+        several devices every batch is placed with the mesh sharding, prefetched or not.
+        """
+        if self.multi_process:
+            return global_batch(batch, self.batch_sharding)
+        devices = self.mesh.devices
+        return jax.device_put(batch, devices.flat[0] if devices.size == 1 else self.batch_sharding)
+
+    def train_batch(self, batch: Any, placed: Any = None) -> tuple[int, Any, Any]:
+        """Run one compiled step on ``batch``: ``(global samples, loss, step_metrics)``, no host sync.
+
+        ``placed`` is ``batch`` already on the devices (:meth:`place_batch`, by the prefetcher).
+        """
         state, builder = self.state, self.builder
         if state.model_changed:
             self.take_model()
@@ -206,9 +222,12 @@ class StepRunner:
         samples = (batch[0] if type(batch) is tuple else jax.tree.leaves(batch)[0]).shape[0]
         host_batch = batch
         if self.multi_process:
-            batch = global_batch(batch, self.batch_sharding)
             samples *= jax.process_count()
-        compiles, start = state.compile_count, time.perf_counter()
+        if placed is not None:
+            batch = placed
+        elif self.multi_process or self.mesh.devices.size > 1:
+            batch = self.place_batch(batch)
+        compiles, hits, start = state.compile_count, CACHE_STATS.hits, time.perf_counter()
         try:
             state.train_state, loss, metrics = step(state.train_state, batch)
         except Exception as error:
@@ -216,7 +235,7 @@ class StepRunner:
             raise
         if state.compile_count != compiles:
             self._signature = describe_batch(host_batch)
-            self._record("train", plan, step, time.perf_counter() - start, state.train_state, batch)
+            self._record("train", plan, step, time.perf_counter() - start, hits, state.train_state, batch)
         state._model_stale = True
         if plan:
             self.engine.record_plan(plan, state.timestamp.counts.batch)
@@ -255,7 +274,7 @@ class StepRunner:
         first = state.timestamp.counts.batch
         self.functions.check_batch(state._model, stacked, "train_dataloader", f"{first}-{first + count - 1} (stacked)")
         step = builder.train_steps(plan, count)
-        compiles, start = state.compile_count, time.perf_counter()
+        compiles, hits, start = state.compile_count, CACHE_STATS.hits, time.perf_counter()
         try:
             state.train_state, losses, metrics, (state.loss, state.step_metrics) = step(state.train_state, stacked)
         except Exception as error:
@@ -263,7 +282,7 @@ class StepRunner:
             raise
         if state.compile_count != compiles:
             self._signature = describe_batch(jax.tree.map(lambda leaf: leaf[0], stacked))
-            self._record("train", plan, step, time.perf_counter() - start, state.train_state, stacked)
+            self._record("train", plan, step, time.perf_counter() - start, hits, state.train_state, stacked)
         if plan:
             for index in range(count):
                 self.engine.record_plan(plan, first + index)
@@ -405,10 +424,10 @@ class StepRunner:
                     device_batch = global_batch(batch, self.batch_sharding) if self.multi_process else batch
                 train_state = state.train_state
                 args = (train_state.params, train_state.rest, train_state.algorithm_state, device_batch)
-                compiles, start = state.compile_count, time.perf_counter()
+                compiles, hits, start = state.compile_count, CACHE_STATS.hits, time.perf_counter()
                 result = step(*args)
                 if state.compile_count != compiles:
-                    self._record(kind, plan, step, time.perf_counter() - start, *args)
+                    self._record(kind, plan, step, time.perf_counter() - start, hits, *args)
                 if plan:
                     self.engine.record_plan(plan, state.timestamp.counts.batch)
                 if kind == "eval":
@@ -435,8 +454,9 @@ class StepRunner:
         return batch
 
     # -- compile records ---------------------------------------------------------------------------
-    def _record(self, kind: str, plan: Plan, step: Any, seconds: float, *args: Any) -> None:
-        """Record (and with a report, print) a step variant that was just traced and compiled."""
+    def _record(self, kind: str, plan: Plan, step: Any, seconds: float, hits_before: int, *args: Any) -> None:
+        """Record (and with a report, print) a step variant that was just traced and compiled (or loaded)."""
+        from_cache = CACHE_STATS.hits > hits_before
         abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=getattr(a, "sharding", None))
                                 if hasattr(a, "shape") else a, args)
         record = CompiledStep(
@@ -447,9 +467,14 @@ class StepRunner:
             flops=cost_of(step, *abstract),
             memory=memory_of(step, *abstract),
             batch=self.state.timestamp.counts.batch,
+            from_cache=from_cache,
         )
         state = self.state
         state.compiled_steps.append(record)
+        cache = state.run_summary.get("compilation_cache")
+        if cache is not None:
+            cache["steps_loaded"] = cache.get("steps_loaded", 0) + from_cache
+            cache["steps_compiled"] = cache.get("steps_compiled", 0) + (not from_cache)
         if kind == "train" and state.run_summary.get("flops_per_step") is None:
             # Tracing the step ahead of FIT_START would run traced events before it: FLOPs come with
             # the first compile instead.

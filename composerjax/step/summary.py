@@ -23,6 +23,7 @@ class CompiledStep:
         flops: floating-point operations per call from XLA's cost analysis (None if unavailable).
         memory: the compiled executable's memory analysis in bytes (argument, output, temp, ...).
         batch: the training batch index at which it was compiled.
+        from_cache: its executable came from the persistent compilation cache (traced, not compiled).
     """
 
     kind: str
@@ -32,6 +33,7 @@ class CompiledStep:
     flops: float | None = None
     memory: dict[str, int] = field(default_factory=dict)
     batch: int = 0
+    from_cache: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-serialisable view."""
@@ -77,6 +79,8 @@ def format_summary(summary: dict[str, Any]) -> str:
     lines.append(f"  parameters: {summary['parameters']:,} ({summary['parameter_bytes'] / 2**20:.2f} MiB)")
     lines.append(f"  devices: {summary['devices']} ({summary['platform']}), precision {summary['precision']}, "
                  f"algorithms: {', '.join(summary['algorithms']) or 'none'}")
+    cache = summary.get("compilation_cache")
+    lines.append(f"  compilation cache: {cache['folder']}" if cache else "  compilation cache: off")
     if summary.get("grouping_blocked_by"):
         lines.append(f"  steps_per_call={summary['steps_per_call']}: grouping blocked by "
                      f"{', '.join(summary['grouping_blocked_by'])} (they act between batches)")
@@ -89,4 +93,5 @@ def format_compiled(step: CompiledStep) -> str:
     temp = step.memory.get("temp_size")
     memory = f", temp {temp / 2**20:.2f} MiB" if temp is not None else ""
     plan = ", ".join(step.algorithms) or "no algorithms"
-    return f"compiled {step.kind} step at batch {step.batch} in {step.compile_seconds:.2f}s{flops}{memory} ({plan})"
+    how = "loaded from the compilation cache" if step.from_cache else "compiled"
+    return f"{how} {step.kind} step at batch {step.batch} in {step.compile_seconds:.2f}s{flops}{memory} ({plan})"

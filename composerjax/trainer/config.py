@@ -30,8 +30,9 @@ import copy
 import inspect
 import os
 import re
+import typing
 from collections.abc import Sequence
-from typing import Any
+from typing import Annotated, Any
 
 import optax
 import pydantic
@@ -122,11 +123,21 @@ def _schema() -> type[BaseModel]:
         if name in arguments:
             argument = arguments[name]
             default = ... if argument.default is settings.REQUIRED else argument.default
-            fields[name] = (argument.recipe_type, Field(default, **argument.constraints))
+            fields[name] = (*_constrained(argument.recipe_type, argument.constraints, default),)
     for section, spec in _SECTIONS.items():
         fields.setdefault(section, spec)
     return pydantic.create_model("TrainerSettings", __config__=ConfigDict(extra="forbid"), __module__=__name__,
                                  __doc__="The recipe's fields, derived from Trainer.__init__.", **fields)
+
+
+def _constrained(kind: Any, constraints: dict[str, Any], default: Any) -> tuple[Any, Any]:
+    """A field's type and ``Field``; a union's number members carry the constraints (``'auto'`` keeps no ``ge``)."""
+    members = typing.get_args(kind) if typing.get_origin(kind) is typing.Union else ()
+    if not constraints or not members:
+        return kind, Field(default, **constraints)
+    numbers = (int, float)
+    members = tuple(Annotated[member, Field(**constraints)] if member in numbers else member for member in members)
+    return typing.Union[members], Field(default)  # noqa: UP007 - built from a tuple
 
 
 class TrainerConfig(_schema()):

@@ -181,7 +181,10 @@ def log_run_summary(trainer: Any) -> None:
         "algorithms": [type(a).__name__ for a in state.algorithms],
         "flops_per_step": None,
     }
-    if trainer.steps_per_call > 1:
+    if trainer.compilation_cache_dir is not None:
+        summary["compilation_cache"] = {"folder": trainer.compilation_cache_dir, "steps_loaded": 0,
+                                        "steps_compiled": 0}
+    if trainer.steps_per_call == "auto" or trainer.steps_per_call > 1:
         summary.update(steps_per_call=trainer.steps_per_call, grouping_blocked_by=trainer.grouping_blocked_by)
     if trainer.auto_log_hparams:
         trainer.logger.log_hyperparameters(trainer.hparams)

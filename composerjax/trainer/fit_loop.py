@@ -13,6 +13,7 @@ from composerjax.core.event import Event
 from composerjax.core.lifecycle import BATCH, BATCH_HOST_EVENTS, FETCH, STEP
 from composerjax.core.time import TimeUnit
 from composerjax.core.timestamp import UNIT_FIELDS
+from composerjax.data.prefetch import DevicePrefetcher
 from composerjax.parallel.heartbeat import heartbeat
 from composerjax.step.runner import batch_size_of
 from composerjax.trainer.interrupt import StopDecision
@@ -97,8 +98,11 @@ class FitLoop:
         self.pending: PendingLogs = trainer.pending_logs
         self.count_tokens = trainer.tokens_per_batch
         grouping = trainer.steps_per_call
-        self.grouping = grouping if grouping > 1 and not self.runner.multi_process else 0
+        # 'auto' decides once per trainer (AutoStepsPerCall); several processes always run per step.
+        self.auto = trainer.auto_grouping if grouping == "auto" and not self.runner.multi_process else None
+        self.grouping = grouping if isinstance(grouping, int) and grouping > 1 and not self.runner.multi_process else 0
         self.iterator: Any = None
+        self._placed: Any = None  # (host batch, the same batch on the devices) from the prefetcher
         self._flags: Any = None
         self._skip: frozenset[Event] = frozenset()
         self._points: tuple[Event | str, ...] = BATCH
@@ -144,7 +148,24 @@ class FitLoop:
         return self.state.timestamp.counts.batch_in_epoch == self.state.dataloader_len
 
     def start_epoch(self) -> None:
-        self.iterator = iter(self.state.dataloader)
+        self.close()
+        trainer, state = self.trainer, self.state
+        if trainer.device_prefetch:
+            # The decision to prefetch in a thread is timed on the first pass and kept for the next ones.
+            self.iterator = DevicePrefetcher(state.dataloader, self.runner.place_batch, trainer.device_prefetch,
+                                             start_thread=trainer.prefetch_threaded)
+            state.dataloader_position = self.iterator.position
+        else:
+            self.iterator = iter(state.dataloader)
+
+    def close(self) -> None:
+        """Stop prefetching: the loader goes back right after the last batch taken (a new pass, fit end, error)."""
+        iterator, state = self.iterator, self.state
+        if isinstance(iterator, DevicePrefetcher):
+            self.trainer.prefetch_threaded = iterator.threaded if iterator._decided else None
+            iterator.close()
+            state.dataloader_position = None
+        self.iterator, self._placed = None, None
 
     def end_epoch(self) -> None:
         state = self.state
@@ -155,6 +176,7 @@ class FitLoop:
         state.timestamp = state.timestamp.to_next_epoch()
 
     def end_fit(self) -> None:
+        self.close()
         self.pending.flush()
         self.stop()  # a signal that came during the last batch or the flush still counts
         state = self.state
@@ -166,29 +188,49 @@ class FitLoop:
     # -- one batch -------------------------------------------------------------------------------
     def next_batch(self) -> bool:
         try:
-            self.state.batch = next(self.iterator)
+            taken = next(self.iterator)
         except StopIteration:
             return False
+        if isinstance(self.iterator, DevicePrefetcher):
+            self.state.batch, self._placed = taken.host, (taken.host, taken.device)
+        else:
+            self.state.batch = taken
         return True
+
+    def _take(self) -> Any:
+        """The next batch from the loader (its host form), for a group."""
+        taken = next(self.iterator)
+        return taken.host if isinstance(self.iterator, DevicePrefetcher) else taken
 
     def train_step(self) -> None:
         state = self.state
         start = time.perf_counter()
         tokens = self.count_tokens(state.batch) if self.count_tokens is not None else 0
-        samples, state.loss, state.step_metrics = self.runner.train_batch(state.batch)
+        placed = self._placed
+        # The prefetched device copy, unless a host event (AFTER_DATALOADER) replaced the batch.
+        device = placed[1] if placed is not None and placed[0] is state.batch else None
+        self._placed = None
+        samples, state.loss, state.step_metrics = self.runner.train_batch(state.batch, device)
         if self.trainer.logger.destinations:
             self.pending.add(state.timestamp.counts.batch + 1, state.loss, state.step_metrics)
+        seconds = time.perf_counter() - start
         state.previous_timestamp = state.timestamp
-        state.timestamp = state.timestamp.to_next_batch(samples, tokens, time.perf_counter() - start)
+        state.timestamp = state.timestamp.to_next_batch(samples, tokens, seconds)
+        auto = self.auto
+        if auto is not None and auto.count is None:
+            auto.observe(state, start, seconds)
+            if auto.count is not None and self.trainer.run_summary:
+                self.runner.report(auto.describe())
 
     # -- several batches per call ----------------------------------------------------------------
     def group(self) -> int:
         """``steps_per_call`` when the next batches can run as one call, else 0."""
         self._refresh_skip()
-        if not self.grouping or self._room() < self.grouping or self._blocking():
+        count = self.grouping if self.auto is None else (self.auto.count or 0)
+        if count < 2 or self._room() < count or self._blocking():
             return 0
-        self._plan = self.runner.group_plan(self.grouping)
-        return self.grouping if self._plan is not None else 0
+        self._plan = self.runner.group_plan(count)
+        return count if self._plan is not None else 0
 
     def _blocking(self) -> list[str]:
         callbacks, destinations = self.state.callbacks, self.trainer.logger.destinations
@@ -216,7 +258,9 @@ class FitLoop:
         """Run ``count`` batches in one call, then their host events batch by batch; False if data ran out."""
         state = self.state
         count_tokens = self.count_tokens
-        take = getattr(state.dataloader, "next_stacked", None)
+        # One gather for the whole group (ArrayLoader), unless a prefetch thread reads the loader ahead.
+        threaded = isinstance(self.iterator, DevicePrefetcher) and self.iterator.threaded
+        take = None if threaded else getattr(state.dataloader, "next_stacked", None)
         stacked = take(count) if take is not None else None
         if stacked is not None:  # one gather for the whole group (ArrayLoader)
             size = jax.tree.leaves(stacked)[0].shape[1]
@@ -225,7 +269,7 @@ class FitLoop:
             batches = []
             for _ in range(count):
                 try:
-                    batches.append(next(self.iterator))
+                    batches.append(self._take())
                 except StopIteration:
                     break
             sizes = {batch_size_of(b) for b in batches}

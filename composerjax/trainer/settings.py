@@ -95,6 +95,7 @@ RECIPE_CONSTRAINTS: dict[str, dict[str, Any]] = {
     "log_interval": {"ge": 1},
     "device_memory_budget": {"ge": 1},
     "steps_per_call": {"ge": 1},
+    "device_prefetch": {"ge": 0},
 }
 
 
@@ -104,7 +105,7 @@ def trainer_signature(init: Callable[..., Any] | None = None) -> inspect.Signatu
 
     Example:
         >>> trainer_signature().parameters["steps_per_call"].default
-        1
+        'auto'
     """
     signature = inspect.signature(init if init is not None else _trainer_init())
     return signature.replace(parameters=[p for p in signature.parameters.values() if p.name != "self"])

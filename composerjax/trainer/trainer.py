@@ -6,7 +6,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import jax
 import optax
@@ -27,8 +27,10 @@ from composerjax.loggers.progress_bar import ProgressBarLogger
 from composerjax.models.function_model import model_functions
 from composerjax.parallel.mesh import build_mesh
 from composerjax.parallel.strategy import ParallelismConfig, config_for, resolve_devices, resolve_parallelism
+from composerjax.step.compile_cache import enable_compilation_cache
 from composerjax.step.precision import compute_dtype
 from composerjax.step.runner import StepRunner, default_memory_budget
+from composerjax.trainer.auto_grouping import AutoStepsPerCall
 from composerjax.trainer.checkpoint_saver import CheckpointSaver, load_at_start, refuse_old_checkpoints, save_now
 from composerjax.trainer.fit_arguments import apply_fit_arguments, apply_schedulers, log_run_summary, set_evaluators
 from composerjax.trainer.fit_loop import FitLoop, PendingLogs, grouping_blocked_by
@@ -89,12 +91,25 @@ class Trainer:
         device_train_microbatch_size: split each batch into microbatches of this size and
             accumulate gradients inside the step. ``'auto'`` picks the largest divisor of the batch
             whose compiled step fits ``device_memory_budget`` (``trainer.microbatch_size``).
-        steps_per_call: run this many batches per compiled call (a ``lax.scan``) whenever nothing
-            needs a per-batch view in between (``grouping_blocked_by`` names the plugins that do;
-            no epoch end, end of training or plugin's ``next_due`` falls inside the group). Each
-            grouped step sees exactly the batch, step number, ``progress`` and ``step_rng`` of the
-            single step; on CPU the results are bit-identical to per-step training (on GPU and
-            TPU equal up to rounding: docs/performance.md).
+        steps_per_call: run this many batches per compiled call whenever nothing needs a
+            per-batch view in between (``grouping_blocked_by`` names the plugins that do; no epoch
+            end, end of training or plugin's ``next_due`` falls inside the group). ``'auto'`` (the
+            default) times a few single steps after the first compile and groups by up to 32 when
+            the host's work dominates a step and the run is long enough to repay one more compile
+            (``state.run_summary['steps_per_call']`` says what it chose). Each grouped step sees
+            exactly the batch, step number, ``progress`` and ``step_rng`` of the single step; on
+            CPU the results are bit-identical to per-step training (on GPU and TPU equal up to
+            rounding: docs/performance.md). Runs of several processes train one batch per call.
+        device_prefetch: how many train batches a background thread loads and places on the
+            devices ahead of the step (0: none). The thread starts only when producing and placing
+            a batch takes over a millisecond (timed on the first batches): a batch sliced from
+            memory is cheaper to hand to the step directly. Results, checkpointed loader positions
+            and resumes are the same with and without it.
+        compilation_cache: JAX's persistent compilation cache, so a restarted, resumed or repeated
+            run loads its compiled steps instead of compiling them: True (the default) uses
+            ``$COMPOSERJAX_CACHE_DIR`` or ``~/.cache/composerjax/jax`` (``$XDG_CACHE_HOME`` is
+            honoured), a path uses that folder, False turns it off. A folder set with JAX's own
+            ``jax_compilation_cache_dir`` wins. Cache hits are counted in the run summary.
         device_memory_budget: bytes a train step may use, for ``'auto'`` (on GPU/TPU the default
             is 90% of the device's ``bytes_limit``; CPU has no limit to read, so it must be given).
         precision: ``'fp32'``, ``'amp_bf16'`` (bf16 compute, fp32 weights and optimizer state) or
@@ -221,13 +236,17 @@ class Trainer:
         skip_nonfinite_updates: bool = False,
         handle_signals: bool = True,
         device_memory_budget: int | None = None,
-        steps_per_call: int = 1,
+        steps_per_call: int | Literal["auto"] = "auto",
+        device_prefetch: int = 2,
+        compilation_cache: str | bool = True,
     ) -> None:
         self.arguments = {k: v for k, v in locals().items() if k != "self"}
         if not isinstance(model, nnx.Module):
             raise TypeError(f"model is a {type(model).__name__}; expected a flax nnx.Module")
         compute_dtype(precision)  # validates
         check_arguments(self.arguments)
+        #: The persistent compilation cache's folder (None: off); see ``compilation_cache``.
+        self.compilation_cache_dir = enable_compilation_cache(compilation_cache)
         seed = check_seed(seed)  # 2**70 would overflow in jax.random.key, -1 or 2**32 would repeat another seed
         optimizer = optimizers if optimizers is not None else optax.inject_hyperparams(optax.adam)(learning_rate=1e-3)
         if not isinstance(optimizer, optax.GradientTransformation):
@@ -260,6 +279,9 @@ class Trainer:
         self.log_interval, self.parallelism, self.run_summary = log_interval, strategy, run_summary
         self.auto_log_hparams = auto_log_hparams
         self.steps_per_call, self.tokens_per_batch = steps_per_call, tokens_per_batch
+        self.auto_grouping = AutoStepsPerCall()
+        self.device_prefetch = device_prefetch
+        self.prefetch_threaded: bool | None = None  # decided by timing on the first pass
         self.handle_signals = handle_signals
         self.pending_logs = PendingLogs(self.logger, log_interval)
         self.stop_reason: str | None = None
@@ -412,14 +434,18 @@ class Trainer:
             self._summarized = True
             log_run_summary(self)
         self.stop_reason, self.stop_decision, self._stop_request = None, None, StopDecision()
+        loop = FitLoop(self)
         try:
-            walk_fit(FitLoop(self))
+            walk_fit(loop)
         except TrainingInterrupted:
             raise
         except BaseException as error:
+            loop.close()  # the loader back right after the last batch trained, before plugins see the error
             for plugin in [*state.callbacks, *self.logger.destinations]:
                 plugin.fit_error(state, self.logger, error)
             raise
+        finally:
+            loop.close()
         if self.stop_decision is not None and self.stop_decision.time_limit:
             self.stop_reason = "time_limit"
 

@@ -135,9 +135,16 @@ def check_arguments(arguments: dict[str, Any]) -> None:
     value = arguments.get("device_train_microbatch_size")
     if value is not None and value != "auto" and not positive_int(value):
         raise ValueError(f"device_train_microbatch_size={value!r}: expected a positive integer, 'auto' or None")
-    value = arguments.get("steps_per_call", 1)
-    if not positive_int(value):
-        raise ValueError(f"steps_per_call={value!r}: expected a positive integer (batches per call)")
+    value = arguments.get("steps_per_call", "auto")
+    if value != "auto" and not positive_int(value):
+        raise ValueError(f"steps_per_call={value!r}: expected a positive integer (batches per call) or 'auto'")
+    value = arguments.get("device_prefetch", 2)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"device_prefetch={value!r}: expected a number of batches >= 0 (0: no prefetching)")
+    value = arguments.get("compilation_cache", True)
+    if not isinstance(value, (bool, str, os.PathLike)) or value == "":
+        raise ValueError(f"compilation_cache={value!r}: expected True (the default folder), a folder path, "
+                         "or False (off)")
     value = arguments.get("device_memory_budget")
     if value is not None and not positive_int(value):
         raise ValueError(f"device_memory_budget={value!r}: expected a positive number of bytes")

@@ -1,7 +1,8 @@
 """A training run for the process tests: killed, signalled, resumed, compared bit for bit.
 
     python resume_script.py OUT_DIR --max-duration 18ba [--save-folder F] [--kill-at N]
-        [--kill-after-save N] [--kill-when-saved N] [--ready-at N] [--loader array|grain] [--autoresume]
+        [--kill-after-save N] [--kill-when-saved N] [--ready-at N] [--loader array|grain|grain-work]
+        [--device-prefetch N] [--autoresume]
 
 Writes ``OUT_DIR/final.npz`` (every leaf of the final train state) and ``OUT_DIR/result.json``.
 """
@@ -38,6 +39,17 @@ class Records:
 
     def __getitem__(self, index: int) -> tuple[np.ndarray, np.ndarray]:
         return self.x[index], self.y[index]
+
+
+def HostWork():  # noqa: N802 - builds a grain operation; grain is imported only when used
+    import grain
+
+    class Work(grain.transforms.Map):
+        def map(self, record):
+            time.sleep(3e-4)
+            return record
+
+    return Work()
 
 
 class Kill(Callback):
@@ -81,16 +93,19 @@ def main() -> None:
     parser.add_argument("--ready-at", type=int)
     parser.add_argument("--loader", default="array")
     parser.add_argument("--width", type=int, default=16)
+    parser.add_argument("--device-prefetch", type=int, default=2)
     parser.add_argument("--autoresume", action="store_true")
     args = parser.parse_args()
 
     rng = np.random.default_rng(0)
     x = rng.normal(size=(SAMPLES, FEATURES)).astype(np.float32)
     y = rng.integers(0, CLASSES, size=SAMPLES).astype(np.int32)
-    if args.loader == "grain":
+    if args.loader in ("grain", "grain-work"):
         from composerjax.data.grain_loader import GrainLoader
 
-        loader = GrainLoader(Records(x, y), batch_size=16, shuffle=True, seed=5)
+        # grain-work: each record costs 0.3 ms of host work, so the prefetch thread reads batches ahead.
+        operations = [HostWork()] if args.loader == "grain-work" else []
+        loader = GrainLoader(Records(x, y), batch_size=16, shuffle=True, seed=5, operations=operations)
     else:
         loader = ArrayLoader((x, y), batch_size=16, shuffle=True, seed=5)
     rngs = nnx.Rngs(0)
@@ -110,6 +125,7 @@ def main() -> None:
         log_interval=1,
         progress_bar=False, run_summary=False,
         save_folder=args.save_folder, save_interval=args.save_interval, autoresume=args.autoresume,
+        device_prefetch=args.device_prefetch,
     )
     if args.kill_after_save is not None:
         checkpointer = trainer.checkpointer
@@ -128,7 +144,8 @@ def main() -> None:
     leaves = jax.tree.leaves(jax.device_get(trainer.state.train_state))
     np.savez(os.path.join(args.out, "final.npz"), *[np.asarray(leaf) for leaf in leaves])
     with open(os.path.join(args.out, "result.json"), "w") as handle:
-        json.dump({"resumed_from": resumed_from, "batch": int(trainer.state.timestamp.batch)}, handle)
+        json.dump({"resumed_from": resumed_from, "batch": int(trainer.state.timestamp.batch),
+                   "prefetch_threaded": trainer.prefetch_threaded}, handle)
 
 
 if __name__ == "__main__":

@@ -55,9 +55,29 @@ def test_sigkill_mid_epoch_then_autoresume_is_bit_identical(tmp_path, loader):
     assert complete_steps(folder)[-1] == 8
     run(tmp_path / "resumed", "--loader", loader, "--save-folder", str(folder), "--autoresume")
     resumed = result(tmp_path / "resumed")
-    assert resumed == {"resumed_from": 8, "batch": 18}  # 8 = epoch 2, batch 2 of 6: mid-epoch
+    assert resumed == {"resumed_from": 8, "batch": 18, "prefetch_threaded": False}  # 8: epoch 2, batch 2 of 6
     reference, after = final(tmp_path / "reference"), final(tmp_path / "resumed")
     assert len(reference) == len(after) > 10  # params, adam moments, EMA averages, clock
+    for a, b in zip(reference, after):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_sigkill_while_prefetching_then_autoresume_is_bit_identical_to_a_run_without_prefetch(tmp_path):
+    """A grain loader with host work: the prefetch thread reads batches ahead of the step when batch 8 is saved.
+
+    The checkpoint must hold the loader's position after batch 8 (not the loader's own, which is
+    ahead), and the resumed run must end with every leaf equal to a run that never prefetched.
+    """
+    run(tmp_path / "reference", "--loader", "grain-work", "--device-prefetch", "0")
+    folder = tmp_path / "checkpoints"
+    run(tmp_path / "killed", "--loader", "grain-work", "--save-folder", str(folder), "--kill-at", "9",
+        "--kill-when-saved", "8", expect=-signal.SIGKILL)
+    assert complete_steps(folder)[-1] == 8
+    run(tmp_path / "resumed", "--loader", "grain-work", "--save-folder", str(folder), "--autoresume")
+    assert result(tmp_path / "reference")["prefetch_threaded"] is None
+    assert result(tmp_path / "resumed") == {"resumed_from": 8, "batch": 18, "prefetch_threaded": True}
+    reference, after = final(tmp_path / "reference"), final(tmp_path / "resumed")
+    assert len(reference) == len(after) > 10
     for a, b in zip(reference, after):
         np.testing.assert_array_equal(a, b)
 
@@ -72,7 +92,7 @@ def test_sigkill_while_a_checkpoint_is_written_leaves_the_previous_one_loadable(
     assert any(re.fullmatch(r"ep\d+-ba4\..*tmp.*", name) for name in names), names  # the half-written one
     run(tmp_path / "resumed", "--width", "20000", "--max-duration", "6ba", "--save-folder", str(folder),
         "--autoresume")
-    assert result(tmp_path / "resumed") == {"resumed_from": 2, "batch": 6}
+    assert result(tmp_path / "resumed") == {"resumed_from": 2, "batch": 6, "prefetch_threaded": False}
     assert complete_steps(folder) == [2, 4, 6]
 
 
@@ -98,7 +118,7 @@ def test_signal_finishes_the_step_saves_closes_and_exits_with_its_status(tmp_pat
         rows = [json.loads(line) for line in handle]
     assert max(row.get("step", 0) for row in rows) == saved[0]
     run(tmp_path / "resumed", "--max-duration", f"{saved[0] + 2}ba", "--save-folder", str(folder), "--autoresume")
-    assert result(tmp_path / "resumed") == {"resumed_from": saved[0], "batch": saved[0] + 2}
+    assert result(tmp_path / "resumed") == {"resumed_from": saved[0], "batch": saved[0] + 2, "prefetch_threaded": False}
 
 
 CROSS_DEVICE = textwrap.dedent(

@@ -1,0 +1,90 @@
+"""``steps_per_call='auto'``: time a few single steps, then group batches when the host's work dominates a step."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import jax
+
+__all__ = ["AutoStepsPerCall"]
+
+
+class AutoStepsPerCall:
+    """Choose how many batches one compiled call runs, from the measured step time.
+
+    After the first step has compiled, a window of ``window`` consecutive single steps is timed:
+    the host's own time per batch (the train loop up to the return of the step's dispatch) and,
+    after one wait for the device at the window's end, the wall time per batch. When the host's
+    share is at least ``host_share`` (dispatch and the loop dominate: the device waits for the
+    host), batches are grouped by the power of two ``K`` that brings one call to about
+    ``target_s`` of wall time (at most ``max_count``), provided the host time the rest of the run
+    saves exceeds ``payback`` times the single step's compile time (a group is one more compile); otherwise
+    the run stays per step. On CPU grouped steps are bit-identical to single ones, so the choice
+    changes speed only. The choice is made once per trainer and kept in
+    ``state.run_summary['steps_per_call']``.
+
+    Args:
+        window: single steps timed.
+        target_s: wall seconds one grouped call should take.
+        max_count: the most batches per call (bounded, so compiles stay few).
+        host_share: the host's share of a step from which grouping pays.
+        payback: how many times its compile time grouping must save over the rest of the run.
+
+    Example:
+        >>> auto = AutoStepsPerCall()
+        >>> auto.choose(seconds_per_step=2e-4, host_share=0.9, remaining=10_000, compile_seconds=0.5)
+        16
+        >>> auto.choose(seconds_per_step=0.02, host_share=0.1, remaining=10_000, compile_seconds=0.5)
+        1
+    """
+
+    def __init__(self, window: int = 8, target_s: float = 4e-3, max_count: int = 32, host_share: float = 0.5,
+                 payback: float = 2.0) -> None:
+        self.window, self.target_s, self.max_count, self.host_share = window, target_s, max_count, host_share
+        self.payback = payback
+        self.count: int | None = None  # None until decided
+        self._host: list[float] = []
+        self._start: float | None = None
+        self._compiles = -1
+        self.measured: tuple[float, float] = (0.0, 0.0)  # seconds per step, the host's share
+
+    def choose(self, seconds_per_step: float, host_share: float, remaining: int, compile_seconds: float) -> int:
+        """The batches per call for these measurements (1: no grouping)."""
+        if host_share < self.host_share or seconds_per_step <= 0:
+            return 1
+        count = 1
+        while count * 2 <= self.max_count and count * 2 * seconds_per_step <= self.target_s:
+            count *= 2
+        saved = remaining * host_share * seconds_per_step * (1 - 1 / count)
+        return count if count > 1 and saved > self.payback * compile_seconds else 1
+
+    def observe(self, state: Any, started: float, host_seconds: float) -> None:
+        """A single step that started at ``started`` took ``host_seconds`` of host time; decide after a window."""
+        if self.count is not None:
+            return
+        if state.compile_count != self._compiles:  # a compile restarts the window (its step is not typical)
+            self._compiles, self._host, self._start = state.compile_count, [], None
+            return
+        if self._start is None:
+            self._start = started
+        self._host.append(host_seconds)
+        if len(self._host) < self.window:
+            return
+        jax.block_until_ready(state.train_state)  # once per trainer: the device's share of the window
+        wall = time.perf_counter() - self._start
+        per_step = wall / len(self._host)
+        share = min(1.0, sum(self._host) / wall)
+        total = state.batches_in_duration()
+        remaining = max(0, total - state.timestamp.counts.batch) if total else 0
+        compiles = [record.compile_seconds for record in state.compiled_steps if record.kind == "train"]
+        self.measured = (per_step, share)
+        self.count = self.choose(per_step, share, remaining, compiles[-1] if compiles else 0.0)
+        state.run_summary["steps_per_call"] = {"chosen": self.count, "step_ms": round(per_step * 1e3, 4),
+                                               "host_share": round(share, 3)}
+
+    def describe(self) -> str:
+        """One line for the run's output, once decided."""
+        per_step, share = self.measured
+        return (f"steps_per_call='auto': {self.count} per call (a step took {per_step * 1e3:.3g} ms, "
+                f"{share:.0%} of it host work)")
