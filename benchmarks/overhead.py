@@ -162,10 +162,10 @@ class HandLoop:
 
 
 class EngineLoop:
-    """The same training through Trainer.fit: no loggers (unless given), the recipe as algorithms."""
+    """The same training through Trainer.fit, a batch per call: no loggers (unless given), the recipe as algorithms."""
 
     def __init__(self, case: Case, batches: list[Any], recipe: bool, loggers: list[Any] | None = None,
-                 log_interval: int = 10) -> None:
+                 log_interval: int = 10, steps_per_call: int | str = 1) -> None:
         self.batches = batches
         self.trainer = Trainer(
             ComposerClassifier(case.module(), case.num_classes),
@@ -175,6 +175,7 @@ class EngineLoop:
             algorithms=[RECIPE_ALGORITHMS[name]() for name in case.recipe] if recipe else [],
             loggers=loggers or [],
             log_interval=log_interval,
+            steps_per_call=steps_per_call,  # per step: the hand loop's unit (benchmarks/fast_defaults.py: 'auto')
             progress_bar=False,
             run_summary=False,
         )

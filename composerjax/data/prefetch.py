@@ -100,7 +100,7 @@ class DevicePrefetcher:
         # Probing: produce and place in the train loop, timed; the placed batch is used.
         start = time.perf_counter()
         host = next(self._iterator)
-        device = self.place(host)
+        device = self._placed(host)
         self._timings.append(time.perf_counter() - start)
         if len(self._timings) >= self.probe:
             self._decided = True
@@ -123,7 +123,7 @@ class DevicePrefetcher:
             try:
                 host = next(self._iterator)
                 position = self.loader.state_dict() if self._positioned else None
-                item: Any = Prefetched(host, self.place(host), position)
+                item: Any = Prefetched(host, self._placed(host), position)
             except StopIteration:
                 item = _END
             except BaseException as error:  # handed to the train loop, raised at the batch it belongs to
@@ -136,6 +136,13 @@ class DevicePrefetcher:
                     continue
             if item is _END or isinstance(item, _Failure):
                 return
+
+    def _placed(self, host: Any) -> Any:
+        """``host`` on the devices, or None for a batch that cannot be placed: the step then says what is wrong."""
+        try:
+            return self.place(host)
+        except Exception:
+            return None
 
     # -- position and shutdown ---------------------------------------------------------------------
     def position(self) -> Any:

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any
-
-import jax
 
 __all__ = ["AutoStepsPerCall"]
 
@@ -13,22 +10,22 @@ __all__ = ["AutoStepsPerCall"]
 class AutoStepsPerCall:
     """Choose how many batches one compiled call runs, from the measured step time.
 
-    After the first step has compiled, a window of ``window`` consecutive single steps is timed:
-    the host's own time per batch (the train loop up to the return of the step's dispatch) and,
-    after one wait for the device at the window's end, the wall time per batch. When the host's
-    share is at least ``host_share`` (dispatch and the loop dominate: the device waits for the
-    host), batches are grouped by the power of two ``K`` that brings one call to about
-    ``target_s`` of wall time (at most ``max_count``), provided the host time the rest of the run
-    saves exceeds ``payback`` times the single step's compile time (a group is one more compile); otherwise
-    the run stays per step. On CPU grouped steps are bit-identical to single ones, so the choice
-    changes speed only. The choice is made once per trainer and kept in
-    ``state.run_summary['steps_per_call']``.
+    After the first step has compiled, a window of ``window`` consecutive single steps is
+    watched without ever waiting for the device: the wall time per batch, and how often the
+    previous step had already finished (``is_ready()``) when the host came to queue the next.
+    A device that is idle by then waits for the host: dispatch and the train loop dominate the
+    step. When that happens for at least ``host_share`` of the window, batches are grouped by the
+    power of two ``K`` that brings one call to about ``target_s`` of wall time (at most
+    ``max_count``), provided the host time the rest of the run saves exceeds ``payback`` times the
+    single step's compile time (a group is one more compile); otherwise the run stays per step.
+    On CPU grouped steps are bit-identical to single ones, so the choice changes speed only. The
+    choice is made once per trainer and kept in ``state.run_summary['steps_per_call']``.
 
     Args:
-        window: single steps timed.
+        window: single steps watched.
         target_s: wall seconds one grouped call should take.
         max_count: the most batches per call (bounded, so compiles stay few).
-        host_share: the host's share of a step from which grouping pays.
+        host_share: the share of steps the device was idle waiting for from which grouping pays.
         payback: how many times its compile time grouping must save over the rest of the run.
 
     Example:
@@ -44,10 +41,10 @@ class AutoStepsPerCall:
         self.window, self.target_s, self.max_count, self.host_share = window, target_s, max_count, host_share
         self.payback = payback
         self.count: int | None = None  # None until decided
-        self._host: list[float] = []
+        self.measured: tuple[float, float] = (0.0, 0.0)  # seconds per step, the share of steps the device idled
+        self._idle: list[bool] = []
         self._start: float | None = None
         self._compiles = -1
-        self.measured: tuple[float, float] = (0.0, 0.0)  # seconds per step, the host's share
 
     def choose(self, seconds_per_step: float, host_share: float, remaining: int, compile_seconds: float) -> int:
         """The batches per call for these measurements (1: no grouping)."""
@@ -59,22 +56,21 @@ class AutoStepsPerCall:
         saved = remaining * host_share * seconds_per_step * (1 - 1 / count)
         return count if count > 1 and saved > self.payback * compile_seconds else 1
 
-    def observe(self, state: Any, started: float, host_seconds: float) -> None:
-        """A single step that started at ``started`` took ``host_seconds`` of host time; decide after a window."""
+    def observe(self, state: Any, started: float, previous_done: bool) -> None:
+        """A step began at ``started``, the one before it finished by then (or not); decide after a window."""
         if self.count is not None:
             return
         if state.compile_count != self._compiles:  # a compile restarts the window (its step is not typical)
-            self._compiles, self._host, self._start = state.compile_count, [], None
+            self._compiles, self._idle, self._start = state.compile_count, [], None
             return
         if self._start is None:
             self._start = started
-        self._host.append(host_seconds)
-        if len(self._host) < self.window:
             return
-        jax.block_until_ready(state.train_state)  # once per trainer: the device's share of the window
-        wall = time.perf_counter() - self._start
-        per_step = wall / len(self._host)
-        share = min(1.0, sum(self._host) / wall)
+        self._idle.append(previous_done)
+        if len(self._idle) < self.window:
+            return
+        per_step = (started - self._start) / len(self._idle)
+        share = sum(self._idle) / len(self._idle)
         total = state.batches_in_duration()
         remaining = max(0, total - state.timestamp.counts.batch) if total else 0
         compiles = [record.compile_seconds for record in state.compiled_steps if record.kind == "train"]
@@ -86,5 +82,5 @@ class AutoStepsPerCall:
     def describe(self) -> str:
         """One line for the run's output, once decided."""
         per_step, share = self.measured
-        return (f"steps_per_call='auto': {self.count} per call (a step took {per_step * 1e3:.3g} ms, "
-                f"{share:.0%} of it host work)")
+        return (f"steps_per_call='auto': {self.count} per call (a step took {per_step * 1e3:.3g} ms; the device "
+                f"waited for the host at {share:.0%} of them)")

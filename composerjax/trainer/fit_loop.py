@@ -210,17 +210,18 @@ class FitLoop:
         # The prefetched device copy, unless a host event (AFTER_DATALOADER) replaced the batch.
         device = placed[1] if placed is not None and placed[0] is state.batch else None
         self._placed = None
+        auto = self.auto
+        if auto is not None and auto.count is None:
+            # Whether the device already finished the previous step (it waits for the host): never waits.
+            ready = getattr(state.loss, "is_ready", None)
+            auto.observe(state, start, ready is not None and ready())
+            if auto.count is not None and self.trainer.run_summary:
+                self.runner.report(auto.describe())
         samples, state.loss, state.step_metrics = self.runner.train_batch(state.batch, device)
         if self.trainer.logger.destinations:
             self.pending.add(state.timestamp.counts.batch + 1, state.loss, state.step_metrics)
-        seconds = time.perf_counter() - start
         state.previous_timestamp = state.timestamp
-        state.timestamp = state.timestamp.to_next_batch(samples, tokens, seconds)
-        auto = self.auto
-        if auto is not None and auto.count is None:
-            auto.observe(state, start, seconds)
-            if auto.count is not None and self.trainer.run_summary:
-                self.runner.report(auto.describe())
+        state.timestamp = state.timestamp.to_next_batch(samples, tokens, time.perf_counter() - start)
 
     # -- several batches per call ----------------------------------------------------------------
     def group(self) -> int:

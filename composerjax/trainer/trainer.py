@@ -31,11 +31,12 @@ from composerjax.step.compile_cache import enable_compilation_cache
 from composerjax.step.precision import compute_dtype
 from composerjax.step.runner import StepRunner, default_memory_budget
 from composerjax.trainer.auto_grouping import AutoStepsPerCall
-from composerjax.trainer.checkpoint_saver import CheckpointSaver, load_at_start, refuse_old_checkpoints, save_now
+from composerjax.trainer.builtins import install_builtins
+from composerjax.trainer.checkpoint_saver import load_at_start, refuse_old_checkpoints, save_now
 from composerjax.trainer.fit_arguments import apply_fit_arguments, apply_schedulers, log_run_summary, set_evaluators
 from composerjax.trainer.fit_loop import FitLoop, PendingLogs, grouping_blocked_by
 from composerjax.trainer.interrupt import StopDecision, TrainingInterrupted
-from composerjax.trainer.stopping import SignalHandler, TimeLimit, to_time_limit
+from composerjax.trainer.stopping import to_time_limit
 from composerjax.trainer.validation import (
     as_list,
     check_arguments,
@@ -100,11 +101,10 @@ class Trainer:
             exactly the batch, step number, ``progress`` and ``step_rng`` of the single step; on
             CPU the results are bit-identical to per-step training (on GPU and TPU equal up to
             rounding: docs/performance.md). Runs of several processes train one batch per call.
-        device_prefetch: how many train batches a background thread loads and places on the
-            devices ahead of the step (0: none). The thread starts only when producing and placing
-            a batch takes over a millisecond (timed on the first batches): a batch sliced from
-            memory is cheaper to hand to the step directly. Results, checkpointed loader positions
-            and resumes are the same with and without it.
+        device_prefetch: train batches a thread loads and places on the devices ahead of the step
+            (0: none), started when producing and placing a batch takes over 1 ms (timed on the
+            first batches; a batch sliced from memory goes to the step directly). Results, saved
+            loader positions and resumes are the same with and without it.
         compilation_cache: JAX's persistent compilation cache, so a restarted, resumed or repeated
             run loads its compiled steps instead of compiling them: True (the default) uses
             ``$COMPOSERJAX_CACHE_DIR`` or ``~/.cache/composerjax/jax`` (``$XDG_CACHE_HOME`` is
@@ -291,7 +291,7 @@ class Trainer:
         self.config: Any = None  # the TrainerConfig, when built from one
         self.hparams: dict[str, Any] = {}
         self._summarized = False
-        self._install_builtins(save_folder)
+        self.checkpointer = install_builtins(self, save_folder)
         set_evaluators(self, eval_dataloader, eval_interval, eval_subset_num_batches)
         if self.checkpointer is not None and save_folder is not None and not autoresume and not save_overwrite:
             refuse_old_checkpoints(self.checkpointer)
@@ -317,31 +317,6 @@ class Trainer:
             if self.checkpointer is not None:
                 self.checkpointer.close()
             raise
-
-    def _install_builtins(self, save_folder: Any) -> None:
-        """Append the built-in callbacks the arguments ask for (unless the user passed their own), then attach."""
-        callbacks = self.state.callbacks
-        given = {type(c) for c in callbacks}
-        if save_folder is not None:
-            if CheckpointSaver in given:
-                raise ValueError(f"save_folder={os.fspath(save_folder)!r} and a CheckpointSaver in callbacks: give one")
-            callbacks.append(CheckpointSaver.from_arguments(self.arguments))
-        if self.time_limit is not None and TimeLimit not in given:
-            callbacks.append(TimeLimit(self.time_limit))
-        if self.handle_signals and SignalHandler not in given:
-            callbacks.append(SignalHandler())
-        if any(isinstance(c, SignalHandler) for c in callbacks):  # the signal exit closes the trainer: last
-            callbacks.sort(key=lambda c: isinstance(c, SignalHandler))
-        self.checkpointer = next((c for c in callbacks if isinstance(c, CheckpointSaver)), None)
-        for plugin in (*callbacks, *self.logger.destinations):
-            attach = getattr(plugin, "attach_trainer", None)
-            if callable(attach):
-                attach(self)
-            attach = getattr(plugin, "attach", None)  # plugins that read the engine itself (its trace log)
-            if callable(attach):
-                attach(self.engine)
-        if self.checkpointer is not None:
-            self.checkpointer = self.checkpointer.checkpointer
 
     # -- declarative use -------------------------------------------------------------------------
     @classmethod

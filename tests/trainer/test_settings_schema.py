@@ -66,7 +66,7 @@ def test_every_trainer_argument_is_a_recipe_field_with_its_default_or_listed():
     fields = TrainerConfig.model_fields
     for name in ("steps_per_call", "handle_signals", "tokens_per_batch", "algorithm_passes", "loss_fn", "devices"):
         assert name in fields, name
-    assert fields["steps_per_call"].default == 1 and fields["handle_signals"].default is True
+    assert fields["steps_per_call"].default == "auto" and fields["handle_signals"].default is True
     assert fields["max_duration"].is_required()  # RECIPE_DEFAULTS, with its reason
     # Sections stand where the Trainer's arguments they build stand.
     assert list(fields)[:4] == ["model", "data", "max_duration", "optimizer"]
@@ -139,7 +139,7 @@ def test_every_setting_round_trips_through_the_trainer():
     back = trainer.to_config().to_dict()
     for name, value in values.items():
         assert back[name] == value, name
-    assert back["steps_per_call"] == 1 and back["handle_signals"] is True and back["tokens_per_batch"] is None
+    assert back["steps_per_call"] == "auto" and back["handle_signals"] is True and back["tokens_per_batch"] is None
     trainer.close()
 
 
