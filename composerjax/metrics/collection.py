@@ -11,7 +11,7 @@ import jax
 import numpy as np
 from clu import metrics as clu_metrics
 
-__all__ = ["compute_values", "merge_states", "named_metrics", "select_metrics"]
+__all__ = ["StateTotals", "compute_values", "merge_states", "named_metrics", "select_metrics"]
 
 T = TypeVar("T")
 
@@ -86,6 +86,67 @@ def merge_states(total: dict[str, Any] | None, new: dict[str, Any]) -> dict[str,
     fixed = [name for name, state in new.items() if not getattr(state, "collects", False)]
     merged = _merge_fixed({name: total[name] for name in fixed}, {name: new[name] for name in fixed}) if fixed else {}
     return {name: merged[name] if name in merged else total[name].merge(new[name]) for name in new}
+
+
+@jax.jit
+def _merge_many(total: dict[str, Any] | None, batches: list[dict[str, Any]]) -> dict[str, Any]:
+    for states in batches:
+        total = dict(states) if total is None else {name: total[name].merge(states[name]) for name in total}
+    return total  # type: ignore[return-value]
+
+
+class StateTotals:
+    """Batch states merged ``chunk`` batches at a time: one compiled merge per chunk instead of one per batch.
+
+    Fixed-shape states wait on the device until a chunk is full, then merge in one call (which
+    compiles once per chunk length: ``chunk`` and the pass's last, shorter one); states that keep
+    samples (``collects``) append at once on the host, as in :func:`merge_states`. Never waits for
+    the device.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from composerjax.metrics import MeanMetric
+        >>> totals = StateTotals(chunk=2)
+        >>> for value in (1.0, 2.0, 6.0):
+        ...     totals.add({"m": MeanMetric().update(jnp.array([value]))})
+        >>> float(totals.result()["m"].compute())
+        3.0
+    """
+
+    def __init__(self, chunk: int = 16) -> None:
+        self.chunk = chunk
+        self._fixed: dict[str, Any] | None = None
+        self._pending: list[dict[str, Any]] = []
+        self._collected: dict[str, Any] = {}
+        self._names: list[str] = []
+
+    def add(self, states: dict[str, Any]) -> None:
+        """One more batch's ``{name: state}``."""
+        if not self._names:
+            self._names = list(states)
+        fixed = {}
+        for name, state in states.items():
+            if getattr(state, "collects", False):
+                total = self._collected.get(name)
+                self._collected[name] = state if total is None else total.merge(state)
+            else:
+                fixed[name] = state
+        if fixed:
+            self._pending.append(fixed)
+            if len(self._pending) >= self.chunk:
+                self._flush()
+
+    def _flush(self) -> None:
+        if self._pending:
+            self._fixed, self._pending = _merge_many(self._fixed, self._pending), []
+
+    def result(self) -> dict[str, Any] | None:
+        """The merged ``{name: state}`` of every batch added (None if none was)."""
+        self._flush()
+        if not self._names:
+            return None
+        merged = {**(self._fixed or {}), **self._collected}
+        return {name: merged[name] for name in self._names}
 
 
 @functools.cache

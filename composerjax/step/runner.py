@@ -26,7 +26,7 @@ from composerjax.core.lifecycle import (
 )
 from composerjax.core.state import State, instance_names
 from composerjax.core.train_state import TrainState
-from composerjax.metrics import compute_values, merge_states
+from composerjax.metrics.collection import StateTotals, compute_values
 from composerjax.models.function_model import ModelFunctions, model_functions
 from composerjax.parallel.heartbeat import heartbeat
 from composerjax.parallel.sharding import batch_sharding, global_batch, replicated, train_state_shardings
@@ -404,7 +404,7 @@ class StepRunner:
         """
         state, builder = self.state, self.builder
         points = EVAL_BATCH if kind == "eval" else PREDICT_BATCH
-        totals, outputs = None, []
+        totals, outputs = StateTotals(), []
         for index, batch in enumerate(_epoch_of(loader)):
             if 0 <= subset_num_batches <= index:
                 break
@@ -431,13 +431,13 @@ class StepRunner:
                 if plan:
                     self.engine.record_plan(plan, state.timestamp.counts.batch)
                 if kind == "eval":
-                    totals = merge_states(totals, result)
+                    totals.add(result)
                 else:
                     state.outputs = result
                     if keep_outputs:
                         outputs.append(result)
             heartbeat()
-        return totals if kind == "eval" else outputs
+        return totals.result() if kind == "eval" else outputs
 
     def _eval_batch(self, batch: Any) -> Any:
         """The batch the eval step takes: global in multi-process runs, else split over the data axes when it divides.
