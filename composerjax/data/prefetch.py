@@ -144,6 +144,16 @@ class DevicePrefetcher:
         except Exception:
             return None
 
+    @property
+    def inline(self) -> bool:
+        """Decided against the thread: the loader's own iterator (``source``) serves the rest of the pass as well."""
+        return self._decided and not self.threaded
+
+    @property
+    def source(self) -> Iterator[Any]:
+        """The loader's iterator this prefetcher reads."""
+        return self._iterator
+
     # -- position and shutdown ---------------------------------------------------------------------
     def position(self) -> Any:
         """The loader's position right after the last batch handed out (None for a loader without one)."""

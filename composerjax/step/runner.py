@@ -32,7 +32,7 @@ from composerjax.parallel.heartbeat import heartbeat
 from composerjax.parallel.sharding import batch_sharding, global_batch, replicated, train_state_shardings
 from composerjax.parallel.strategy import partition_metadata
 from composerjax.step.batch_check import describe_batch, diagnose_batch, note_batch
-from composerjax.step.builder import StepBuilder, split_model
+from composerjax.step.builder import StepBuilder, TripCounted, split_model
 from composerjax.step.compile_cache import CACHE_STATS
 from composerjax.step.keys import KeyCodec
 from composerjax.step.precision import cast_floating, parameter_dtype
@@ -205,15 +205,18 @@ class StepRunner:
         devices = self.mesh.devices
         return jax.device_put(batch, devices.flat[0] if devices.size == 1 else self.batch_sharding)
 
-    def train_batch(self, batch: Any, placed: Any = None) -> tuple[int, Any, Any]:
+    def train_batch(self, batch: Any, placed: Any = None, plan: Plan | None = None) -> tuple[int, Any, Any]:
         """Run one compiled step on ``batch``: ``(global samples, loss, step_metrics)``, no host sync.
 
-        ``placed`` is ``batch`` already on the devices (:meth:`place_batch`, by the prefetcher).
+        ``placed`` is ``batch`` already on the devices (:meth:`place_batch`, by the prefetcher);
+        ``plan`` the batch's plan when the caller knows it (:meth:`group_plan`), else it is matched here.
         """
         state, builder = self.state, self.builder
         if state.model_changed:
             self.take_model()
-        plan = builder.plan_train() if state.algorithms else ()
+            plan = None
+        if plan is None:
+            plan = builder.plan_train() if state.algorithms else ()
         # Host numpy check before the batch leaves (ComposerClassifier: labels in [0, num_classes)).
         self.functions.check_batch(state._model, batch, "train_dataloader", state.timestamp.counts.batch)
         if self.auto_microbatch:
@@ -229,7 +232,11 @@ class StepRunner:
             batch = self.place_batch(batch)
         compiles, hits, start = state.compile_count, CACHE_STATS.hits, time.perf_counter()
         try:
-            state.train_state, loss, metrics = step(state.train_state, batch)
+            # The compiled loop itself (TripCounted's call, without its Python frame) where there is one.
+            if type(step) is TripCounted:
+                state.train_state, loss, metrics = step.jitted(state.train_state, batch, step.trips)
+            else:
+                state.train_state, loss, metrics = step(state.train_state, batch)
         except Exception as error:
             self._failed(error, host_batch, state.compile_count != compiles)
             raise

@@ -31,12 +31,14 @@ class AutoStepsPerCall:
     Example:
         >>> auto = AutoStepsPerCall()
         >>> auto.choose(seconds_per_step=2e-4, host_share=0.9, remaining=10_000, compile_seconds=0.5)
-        16
+        32
+        >>> auto.choose(seconds_per_step=2e-3, host_share=0.9, remaining=10_000, compile_seconds=0.5)
+        8
         >>> auto.choose(seconds_per_step=0.02, host_share=0.1, remaining=10_000, compile_seconds=0.5)
         1
     """
 
-    def __init__(self, window: int = 8, target_s: float = 4e-3, max_count: int = 32, host_share: float = 0.5,
+    def __init__(self, window: int = 8, target_s: float = 0.02, max_count: int = 32, host_share: float = 0.5,
                  payback: float = 2.0) -> None:
         self.window, self.target_s, self.max_count, self.host_share = window, target_s, max_count, host_share
         self.payback = payback

@@ -107,6 +107,7 @@ class FitLoop:
         self._skip: frozenset[Event] = frozenset()
         self._points: tuple[Event | str, ...] = BATCH
         self._plan: Any = None
+        self._plain = False  # the next train_group is a plain run (one batch per call)
         self._blocked: tuple[Any, list[str]] = ((), [])
 
     # -- events --------------------------------------------------------------------------------
@@ -191,18 +192,23 @@ class FitLoop:
             taken = next(self.iterator)
         except StopIteration:
             return False
-        if isinstance(self.iterator, DevicePrefetcher):
-            self.state.batch, self._placed = taken.host, (taken.host, taken.device)
-        else:
+        iterator = self.iterator
+        if type(iterator) is not DevicePrefetcher:
             self.state.batch = taken
+            return True
+        self.state.batch, self._placed = taken.host, (taken.host, taken.device)
+        if iterator.inline:  # decided against the thread: the loader's own iterator from now on, no wrapper
+            self.trainer.prefetch_threaded = False
+            self.iterator, self.state.dataloader_position = iterator.source, None
         return True
 
     def _take(self) -> Any:
         """The next batch from the loader (its host form), for a group."""
         taken = next(self.iterator)
-        return taken.host if isinstance(self.iterator, DevicePrefetcher) else taken
+        return taken.host if type(self.iterator) is DevicePrefetcher else taken
 
-    def train_step(self) -> None:
+    def train_step(self, plan: Any = None) -> None:
+        """Run the step on ``state.batch`` and move the clock; ``plan`` when it is known already (a plain run)."""
         state = self.state
         start = time.perf_counter()
         tokens = self.count_tokens(state.batch) if self.count_tokens is not None else 0
@@ -217,7 +223,7 @@ class FitLoop:
             auto.observe(state, start, ready is not None and ready())
             if auto.count is not None and self.trainer.run_summary:
                 self.runner.report(auto.describe())
-        samples, state.loss, state.step_metrics = self.runner.train_batch(state.batch, device)
+        samples, state.loss, state.step_metrics = self.runner.train_batch(state.batch, device, plan)
         if self.trainer.logger.destinations:
             self.pending.add(state.timestamp.counts.batch + 1, state.loss, state.step_metrics)
         state.previous_timestamp = state.timestamp
@@ -225,13 +231,31 @@ class FitLoop:
 
     # -- several batches per call ----------------------------------------------------------------
     def group(self) -> int:
-        """``steps_per_call`` when the next batches can run as one call, else 0."""
+        """How many batches the next :meth:`train_group` runs: ``steps_per_call`` in one call, or a plain run; else 0.
+
+        A *plain run* trains one batch per call, but in one tight loop, when no plugin listens to
+        a batch's host events, the batches share a plan and this is a single process: then
+        nothing happens between two batches but the step, so the loop skips the per-batch walk.
+        It ends where a group would (the epoch's or run's end, a plugin's ``next_due``), and
+        after any batch at which a stop was requested (a signal).
+        """
         self._refresh_skip()
+        self._plain = False
         count = self.grouping if self.auto is None else (self.auto.count or 0)
-        if count < 2 or self._room() < count or self._blocking():
+        if count >= 2:
+            if self._room() < count or self._blocking():
+                return 0
+            self._plan = self.runner.group_plan(count)
+            return count if self._plan is not None else 0
+        if (len(self._skip) < len(BATCH_HOST_EVENTS) or self.runner.multi_process
+                or (self.auto is not None and self.auto.count is None)):
             return 0
-        self._plan = self.runner.group_plan(count)
-        return count if self._plan is not None else 0
+        room = self._room()
+        if room < 2:
+            return 0
+        self._plan = self.runner.group_plan(room)
+        self._plain = self._plan is not None
+        return room if self._plain else 0
 
     def _blocking(self) -> list[str]:
         callbacks, destinations = self.state.callbacks, self.trainer.logger.destinations
@@ -257,6 +281,8 @@ class FitLoop:
 
     def train_group(self, count: int) -> bool:
         """Run ``count`` batches in one call, then their host events batch by batch; False if data ran out."""
+        if self._plain:
+            return self._train_plain(count)
         state = self.state
         count_tokens = self.count_tokens
         # One gather for the whole group (ArrayLoader), unless a prefetch thread reads the loader ahead.
@@ -298,6 +324,19 @@ class FitLoop:
         # The group's host events after its call, batch by batch, each with that batch's timestamp.
         for batch_tokens in tokens:
             self._walk_batch(lambda t=batch_tokens: self._advance(size, t, seconds / count))
+        return True
+
+    def _train_plain(self, count: int) -> bool:
+        """``count`` batches one call each, with nothing between them (see :meth:`group`); False if data ran out."""
+        trainer, plan = self.trainer, self._plan
+        request = trainer._stop_request
+        for _ in range(count):
+            if not self.next_batch():
+                return False
+            self.train_step(plan)
+            heartbeat()
+            if trainer._stop_request is not request:  # a signal: stop() decides after this batch
+                break
         return True
 
     def _advance(self, samples: int, tokens: int, seconds: float) -> None:
