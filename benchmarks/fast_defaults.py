@@ -100,6 +100,19 @@ class Records:
         return self.x[index], self.y[index]
 
 
+def waiting(seconds: float) -> Any:
+    import grain
+
+    class Fetch(grain.transforms.Map):
+        """Per-sample latency without CPU work, as reading each record from remote storage."""
+
+        def map(self, record: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+            time.sleep(seconds)
+            return record
+
+    return Fetch()
+
+
 def augmentation(repeats: int) -> Any:
     import grain
 
@@ -115,7 +128,7 @@ def augmentation(repeats: int) -> Any:
     return Augment()
 
 
-def data_section(rounds: int, epochs_per_round: int = 1) -> None:
+def data_section(rounds: int, kind: str = "cpu") -> None:
     import grain
     from absl import flags
 
@@ -124,99 +137,119 @@ def data_section(rounds: int, epochs_per_round: int = 1) -> None:
     if not flags.FLAGS.is_parsed():
         flags.FLAGS.mark_as_parsed()
     source = Records()
-    sizes = (FEATURES, 512, 512, 10)
     optimizer = optax.adam(1e-3)
-    graphdef, state = nnx.split(MLP(sizes, rngs=nnx.Rngs(0)))
-    params = nnx.to_pure_dict(state)
 
-    def loss(p: Any, batch: Any) -> jax.Array:
-        logits = nnx.merge(graphdef, nnx.State(p))(batch[0])
-        return optax.softmax_cross_entropy_with_integer_labels(logits, batch[1]).mean()
+    def host_work(repeats: int) -> Any:
+        # 'cpu': numpy passes over each record; 'wait': the same budget as latency (repeats x 0.05 ms per record).
+        return augmentation(repeats) if kind == "cpu" else waiting(repeats * 5e-5)
 
-    def one(carry: Any, batch: Any) -> Any:
-        p, opt = carry
-        value, grads = jax.value_and_grad(loss)(p, batch)
-        updates, opt = optimizer.update(grads, opt, p)
-        return (optax.apply_updates(p, updates), opt), value
-
-    step = jax.jit(one, donate_argnums=0)
-    carry = [(params, optimizer.init(params))]
-
-    # Calibrate the augmentation: producing a batch should cost about one step.
-    probe = (source.x[:BATCH], source.y[:BATCH])
-    carry[0], value = step(carry[0], probe)
-    jax.block_until_ready(value)
-    start = time.perf_counter()
-    for _ in range(10):
-        carry[0], value = step(carry[0], probe)
-    jax.block_until_ready(value)
-    step_s = (time.perf_counter() - start) / 10
-    repeats, load_s = 1, 0.0
-    while True:
-        op = augmentation(repeats)
-        start = time.perf_counter()
-        for index in range(BATCH * 4):
-            op.map(source[index])
-        load_s = (time.perf_counter() - start) / 4
-        if load_s >= step_s or repeats > 4096:
-            break
-        repeats *= 2
-
-    def grain_batches(seed: int) -> Any:
-        return grain.DataLoader(
+    def grain_batches(seed: int, repeats: int, limit: int | None = None) -> Any:
+        loader = grain.DataLoader(
             data_source=source,
             sampler=grain.samplers.IndexSampler(num_records=SAMPLES, shuffle=True, seed=seed, num_epochs=1,
                                                 shard_options=grain.sharding.NoSharding()),
-            operations=[augmentation(repeats), grain.transforms.Batch(BATCH, drop_remainder=True)],
+            operations=[host_work(repeats), grain.transforms.Batch(BATCH, drop_remainder=True)],
             worker_count=0)
+        for index, batch in enumerate(loader):
+            if limit is not None and index >= limit:
+                return
+            yield batch
 
+    def loader_seconds(repeats: int) -> float:
+        start = time.perf_counter()
+        count = sum(1 for _ in grain_batches(0, repeats, limit=6))
+        return (time.perf_counter() - start) / count
+
+    def hand_step(width: int) -> tuple[Any, list[Any], float]:
+        sizes = (FEATURES, width, width, 10)
+        graphdef, state = nnx.split(MLP(sizes, rngs=nnx.Rngs(0)))
+        params = nnx.to_pure_dict(state)
+
+        def loss(p: Any, batch: Any) -> jax.Array:
+            logits = nnx.merge(graphdef, nnx.State(p))(batch[0])
+            return optax.softmax_cross_entropy_with_integer_labels(logits, batch[1]).mean()
+
+        def one(carry: Any, batch: Any) -> Any:
+            p, opt = carry
+            value, grads = jax.value_and_grad(loss)(p, batch)
+            updates, opt = optimizer.update(grads, opt, p)
+            return (optax.apply_updates(p, updates), opt), value
+
+        step = jax.jit(one, donate_argnums=0)
+        carry = [(params, optimizer.init(params))]
+        probe = (source.x[:BATCH], source.y[:BATCH])
+        carry[0], value = step(carry[0], probe)
+        jax.block_until_ready(value)
+        start = time.perf_counter()
+        for _ in range(5):
+            carry[0], value = step(carry[0], probe)
+        jax.block_until_ready(value)
+        return step, carry, (time.perf_counter() - start) / 5
+
+    # A model whose step costs at least what grain itself spends per batch, then an augmentation that
+    # brings producing a batch to about one step.
+    base = loader_seconds(0)
+    for width in (512, 1024, 2048, 2896, 4096):
+        step, carry, step_s = hand_step(width)
+        if step_s >= base:
+            break
+    repeats, load_s = 1, loader_seconds(1)
+    while load_s < step_s and repeats < 4096:
+        repeats *= 2
+        load_s = loader_seconds(repeats)
+    sizes = (FEATURES, width, width, 10)
     batches_per_epoch = SAMPLES // BATCH
 
     def naive() -> float:
         start = time.perf_counter()
-        for epoch in range(epochs_per_round):
-            for batch in grain_batches(epoch):
-                carry[0], value = step(carry[0], batch)
-                float(value)  # the loop reads each step's loss before loading the next batch
-        return epochs_per_round * batches_per_epoch / (time.perf_counter() - start)
+        for batch in grain_batches(1, repeats):
+            carry[0], value = step(carry[0], batch)
+            float(value)  # the loop reads each step's loss before loading the next batch
+        return batches_per_epoch / (time.perf_counter() - start)
 
     def asynchronous() -> float:
         start = time.perf_counter()
         value = None
-        for epoch in range(epochs_per_round):
-            for batch in grain_batches(epoch):
-                carry[0], value = step(carry[0], batch)
+        for batch in grain_batches(1, repeats):
+            carry[0], value = step(carry[0], batch)
         jax.block_until_ready(value)
-        return epochs_per_round * batches_per_epoch / (time.perf_counter() - start)
+        return batches_per_epoch / (time.perf_counter() - start)
 
-    def engine_loop(workers: int) -> Callable[[], float]:
-        loader = GrainLoader(source, batch_size=BATCH, shuffle=True, seed=0, operations=[augmentation(repeats)],
+    def engine_loop(workers: int, device_prefetch: int = 2) -> Callable[[], float]:
+        loader = GrainLoader(source, batch_size=BATCH, shuffle=True, seed=0, operations=[host_work(repeats)],
                              worker_count=workers)
         trainer = Trainer(ComposerClassifier(MLP(sizes, rngs=nnx.Rngs(0)), 10), loader, optimizers=optax.adam(1e-3),
-                          progress_bar=False, run_summary=False)
-        trainer.fit("1ep")  # compile, and the prefetch decision
+                          progress_bar=False, run_summary=False, device_prefetch=device_prefetch)
+        trainer.fit("8ba")  # compile, and the prefetch decision
 
         def run() -> float:
             start = time.perf_counter()
-            trainer.fit(f"{epochs_per_round}ep")
+            trainer.fit("1ep")
             jax.block_until_ready(trainer.state.train_state)
-            return epochs_per_round * batches_per_epoch / (time.perf_counter() - start)
+            return batches_per_epoch / (time.perf_counter() - start)
 
         run.trainer = trainer  # type: ignore[attr-defined]
         return run
 
     engine = engine_loop(0)
+    no_prefetch = engine_loop(0, device_prefetch=0)
     workers = engine_loop(1)
-    naive(), asynchronous()  # warm
     rates = race({"naive hand loop (load, step, read loss)": naive, "async hand loop (no read-back)": asynchronous,
-                  "engine defaults (GrainLoader)": engine, "engine, GrainLoader worker_count=1": workers}, rounds)
-    print(f"\n## data: grain + a per-sample augmentation, MLP 784-512-512-10, batch {BATCH}; {rounds} rounds of "
-          f"{epochs_per_round * batches_per_epoch} batches; batches/s and / naive")
-    print(f"a step takes {step_s * 1e3:.1f} ms, producing a batch {load_s * 1e3:.1f} ms ({repeats} augmentation "
-          f"passes); prefetch thread started: {engine.trainer.prefetch_threaded}; target: engine >= 1.5x naive")
-    base = rates["naive hand loop (load, step, read loss)"]
+                  "engine defaults (prefetch thread)": engine, "engine, device_prefetch=0": no_prefetch,
+                  "engine, GrainLoader worker_count=1": workers}, rounds)
+    for run in (engine, no_prefetch, workers):
+        run.trainer.close()
+    work = (f"{repeats} numpy passes over each record" if kind == "cpu" else
+            f"{repeats * 0.05:.2f} ms of waiting per record, no CPU work")
+    title = "a per-sample augmentation (CPU work)" if kind == "cpu" else "per-sample latency (as remote storage)"
+    print(f"\n## data ({kind}): grain + {title}, MLP 784-{width}-{width}-10, batch {BATCH}; {rounds} rounds "
+          f"of {batches_per_epoch} batches; batches/s and / naive")
+    print(f"a step takes {step_s * 1e3:.1f} ms, producing a batch {load_s * 1e3:.1f} ms ({work}; grain alone "
+          f"{base * 1e3:.1f} ms); prefetch thread started: {engine.trainer.prefetch_threaded}; target: engine >= "
+          "1.5x naive")
+    first = rates["naive hand loop (load, step, read loss)"]
     for name, rate in rates.items():
-        print(f"{name:42s} {rate:8.1f} {rate / base:8.2f}")
+        print(f"{name:42s} {rate:8.2f} {rate / first:8.2f}")
 
 
 # -- eval ------------------------------------------------------------------------------------------
@@ -337,7 +370,8 @@ def main() -> None:
     if "auto" in chosen:
         auto_section(args.rounds)
     if "data" in chosen:
-        data_section(max(3, args.rounds // 2))
+        data_section(max(3, args.rounds // 2), "cpu")
+        data_section(max(3, args.rounds // 2), "wait")
     if "eval" in chosen:
         eval_section(args.rounds)
     if "memory" in chosen:

@@ -189,8 +189,8 @@ def test_the_run_ahead_check_sees_a_wait_after_every_step(slow_steps, monkeypatc
     """The check above fails for a loop that waits, even by a route the counters cannot see."""
     train_batch = StepRunner.train_batch
 
-    def train_batch_then_wait(self, batch, placed=None):
-        samples, loss, metrics = train_batch(self, batch, placed)
+    def train_batch_then_wait(self, batch, placed=None, plan=None):
+        samples, loss, metrics = train_batch(self, batch, placed, plan)
         wait(loss)
         return samples, loss, metrics
 
