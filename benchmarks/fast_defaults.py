@@ -316,11 +316,11 @@ def memory_section() -> None:
 WARM_SCRIPT = """
 import sys, time, json
 started = float(sys.argv[1])
-imported = time.time()
 sys.path.insert(0, {here!r})
 import jax, optax
 from overhead import CASES, RECIPE_ALGORITHMS, make_batches
 from composerjax import Callback, ComposerClassifier, Trainer
+imported = time.time()
 case = CASES[3]
 batches = make_batches(case, 4)
 class First(Callback):
@@ -353,7 +353,8 @@ def warm_section(pairs: int) -> None:
     print(f"\n## warm: time to the first trained batch, small GPT + ls+clip+ema+sam+alibi, fresh processes, "
           f"median of {pairs} cold/warm pairs; target warm/cold <= 0.3")
     print(f"{'measured from':34s} {'cold s':>8s} {'warm s':>8s} {'warm/cold':>10s}")
-    for key, label in (("from_trainer", "Trainer(...) to batch 1 done"), ("from_start", "process start (imports too)")):
+    for key, label in (("from_trainer", "model + Trainer to batch 1 done"),
+                       ("from_start", "process start (imports too)")):
         c, w = statistics.median(r[key] for r in cold), statistics.median(r[key] for r in warm)
         print(f"{label:34s} {c:8.2f} {w:8.2f} {w / c:10.2f}")
     print(f"steps loaded from the cache: cold {[r['loaded'] for r in cold]}, warm {[r['loaded'] for r in warm]}; "

@@ -33,7 +33,12 @@ from composerjax.data import ArrayLoader
 from composerjax.loggers import Logger, LoggerDestination
 from composerjax.models import ComposerClassifier, ComposerModel
 from composerjax.parallel import ParallelismConfig
+from composerjax.step.compile_cache import switch_on_at_import
 from composerjax.trainer import BatchError, CheckpointMismatchError, Trainer, TrainingInterrupted
+
+# JAX's persistent compilation cache, on before the model is built (its initialisation compiles too);
+# COMPOSERJAX_COMPILATION_CACHE=0 leaves it off, Trainer(compilation_cache=...) picks another folder.
+switch_on_at_import()
 
 __version__ = "0.1.0"
 

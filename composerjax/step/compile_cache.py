@@ -22,7 +22,7 @@ from typing import Any
 
 import jax
 
-__all__ = ["CACHE_STATS", "CacheStats", "default_cache_folder", "enable_compilation_cache"]
+__all__ = ["CACHE_STATS", "CacheStats", "default_cache_folder", "enable_compilation_cache", "switch_on_at_import"]
 
 _HIT = "/jax/compilation_cache/cache_hits"
 _REQUEST = "/jax/compilation_cache/compile_requests_use_cache"
@@ -70,17 +70,48 @@ def default_cache_folder() -> str:
     return os.path.join(base, "composerjax", "jax")
 
 
-def enable_compilation_cache(setting: str | os.PathLike[str] | bool = True) -> str | None:
+_OFF = ("0", "false", "off", "no")
+
+
+def switch_on_at_import() -> str | None:
+    """Switch the cache on in the default folder unless ``$COMPOSERJAX_COMPILATION_CACHE`` is 0/false/off/no.
+
+    ``import composerjax`` calls this, so the compiles that come before any Trainer (building
+    and initialising the model compiles one small program per operation) are cached too. A folder
+    that cannot be created leaves the cache off, silently here (a Trainer asking for it warns).
+
+    Example:
+        >>> switched_off = os.environ.get("COMPOSERJAX_COMPILATION_CACHE", "1").lower() in _OFF
+        >>> switched_off or bool(jax.config.jax_compilation_cache_dir)
+        True
+    """
+    if os.environ.get("COMPOSERJAX_COMPILATION_CACHE", "1").strip().lower() in _OFF:
+        return None
+    return enable_compilation_cache(True, quiet=True)
+
+
+def enable_compilation_cache(setting: str | os.PathLike[str] | bool = True, *, quiet: bool = False) -> str | None:
     """Switch the persistent compilation cache on for this process; returns its folder (None: off).
 
-    ``True`` uses :func:`default_cache_folder`, a path uses that folder, ``False`` leaves JAX as it
-    is. A folder the user gave JAX itself (``jax_compilation_cache_dir``) is kept and returned.
-    A folder that cannot be created leaves the cache off with a warning.
+    ``True`` uses :func:`default_cache_folder`, a path uses that folder. ``False`` switches off the
+    cache this module switched on (at import, or an earlier call), for the rest of the process. A
+    folder the user gave JAX itself (``jax_compilation_cache_dir``) is kept and returned, also for
+    ``False``: the user's own setting wins. A folder that cannot be created leaves the cache off
+    with a warning (none when ``quiet``).
     """
     global _ours
-    if setting is False:
-        return None
     configured = jax.config.jax_compilation_cache_dir
+    if setting is False:
+        if configured and configured == _ours:
+            jax.config.update("jax_compilation_cache_dir", None)
+            _ours = None
+            from jax._src import compilation_cache
+
+            compilation_cache.reset_cache()
+            return None
+        if configured:
+            CACHE_STATS.listen()
+        return configured or None
     if configured and configured != _ours:
         CACHE_STATS.listen()
         return configured
@@ -90,6 +121,8 @@ def enable_compilation_cache(setting: str | os.PathLike[str] | bool = True) -> s
     try:
         os.makedirs(folder, exist_ok=True)
     except OSError as error:
+        if quiet:
+            return None
         import warnings
 
         warnings.warn(f"compilation_cache={os.fspath(setting)!r}: cannot create {folder!r} ({error}); "

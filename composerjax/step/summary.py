@@ -41,9 +41,13 @@ class CompiledStep:
 
 
 def cost_of(jitted: Any, *args: Any) -> float | None:
-    """FLOPs per call of ``jitted`` on ``args`` (shapes suffice) from the lowered HLO, without compiling."""
+    """FLOPs per call of ``jitted`` on ``args`` (shapes suffice), from the compiled executable's cost analysis.
+
+    Free once that variant has run (the executable is cached, in memory or on disk), where the
+    lowered module's analysis would convert it to HLO again.
+    """
     try:
-        cost = jitted.lower(*args).cost_analysis()
+        cost = jitted.lower(*args).compile().cost_analysis()
     except Exception:  # cost analysis is best effort: some backends do not provide it
         return None
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost

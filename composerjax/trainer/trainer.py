@@ -105,11 +105,11 @@ class Trainer:
             (0: none), started when producing and placing a batch takes over 1 ms (timed on the
             first batches; a batch sliced from memory goes to the step directly). Results, saved
             loader positions and resumes are the same with and without it.
-        compilation_cache: JAX's persistent compilation cache, so a restarted, resumed or repeated
-            run loads its compiled steps instead of compiling them: True (the default) uses
-            ``$COMPOSERJAX_CACHE_DIR`` or ``~/.cache/composerjax/jax`` (``$XDG_CACHE_HOME`` is
-            honoured), a path uses that folder, False turns it off. A folder set with JAX's own
-            ``jax_compilation_cache_dir`` wins. Cache hits are counted in the run summary.
+        compilation_cache: JAX's persistent compilation cache (a rerun loads compiled programs):
+            True (default) is ``$COMPOSERJAX_CACHE_DIR`` or ``~/.cache/composerjax/jax``, switched on
+            by ``import composerjax`` so building the model is cached too (off from the start with
+            ``COMPOSERJAX_COMPILATION_CACHE=0``); a path picks the folder; False turns it off for the
+            process. JAX's own ``jax_compilation_cache_dir`` wins. Hits are in the run summary.
         device_memory_budget: bytes a train step may use, for ``'auto'`` (on GPU/TPU the default
             is 90% of the device's ``bytes_limit``; CPU has no limit to read, so it must be given).
         precision: ``'fp32'``, ``'amp_bf16'`` (bf16 compute, fp32 weights and optimizer state) or

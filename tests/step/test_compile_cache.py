@@ -15,8 +15,9 @@ from composerjax.step.compile_cache import default_cache_folder
 SCRIPT = os.path.join(os.path.dirname(__file__), "cache_script.py")
 
 
-def run(folder, *args: str) -> tuple[dict, str]:
-    env = dict(os.environ, COMPOSERJAX_CACHE_DIR=str(folder), JAX_PLATFORMS="cpu")
+def run(folder, *args: str, **environment: str) -> tuple[dict, str]:
+    env = {name: value for name, value in os.environ.items() if name != "COMPOSERJAX_COMPILATION_CACHE"}
+    env.update(COMPOSERJAX_CACHE_DIR=str(folder), JAX_PLATFORMS="cpu", **environment)
     done = subprocess.run([sys.executable, SCRIPT, *args], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1]), done.stdout
@@ -41,11 +42,27 @@ def test_the_second_of_two_runs_loads_its_steps_from_the_cache_folder(tmp_path):
     assert not [name for name in os.listdir(folder) if name.endswith(".tmp")]
 
 
+def test_building_the_model_is_cached_too_since_import_switches_the_cache_on(tmp_path):
+    folder = tmp_path / "cache"
+    first, _ = run(folder)
+    assert first["before_trainer"]["entries"] >= 1 and first["before_trainer"]["hits"] == 0
+    second, _ = run(folder)
+    assert second["before_trainer"]["hits"] == first["before_trainer"]["entries"]  # every init compile loaded
+
+
 def test_the_off_switch_writes_nothing(tmp_path):
     folder = tmp_path / "cache"
-    off, output = run(folder, "--off")
+    off, output = run(folder, "--off", COMPOSERJAX_COMPILATION_CACHE="0")
     assert off["cache"] is None and off["records"] == [False, False]
     assert entries(folder) == [] and "compilation cache: off" in output
+
+
+def test_a_trainer_told_false_compiles_its_steps_without_the_cache(tmp_path):
+    """Import switched it on (the model's compiles are cached); ``compilation_cache=False`` stops it there."""
+    folder = tmp_path / "cache"
+    off, output = run(folder, "--off")
+    assert off["cache"] is None and off["records"] == [False, False] and "compilation cache: off" in output
+    assert off["before_trainer"]["entries"] >= 1 and off["entries"] == off["before_trainer"]["entries"]
 
 
 def test_an_entry_whose_write_dies_midway_is_never_seen(tmp_path, monkeypatch):
