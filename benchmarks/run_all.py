@@ -3,6 +3,8 @@
 Each script runs in its own process (the scaling benchmark sets its simulated device count before
 JAX starts), one after another so they never share the machine's cores. The file records the date,
 the machine and the library versions next to the tables, so figures can be compared run to run.
+Sections of the existing file that this run does not produce (the before/after records written by
+hand, and benchmarks left out with ``--only``) are kept where they were.
 
 Run: ``.venv/bin/python benchmarks/run_all.py [--only overhead,checkpoint] [--output PATH]``.
 """
@@ -28,6 +30,7 @@ BENCHMARKS = [
     ("checkpoint.py", [], "Async checkpoint overhead, save and restore cost"),
     ("scaling.py", [], "Data-parallel and FSDP overhead on simulated devices"),
     ("lm.py", [], "A real language-model job: GPT-2 on the Python standard library's source"),
+    ("fast_defaults.py", [], "Fast defaults against hand loops: auto grouping, prefetch, eval, memory, warm starts"),
 ]
 
 
@@ -42,6 +45,29 @@ def machine() -> str:
             f"{platform.python_version()}; jax {jax.__version__} ({jax.devices()[0].platform}), flax "
             f"{flax.__version__}, optax {optax.__version__}, orbax-checkpoint "
             f"{getattr(orbax.checkpoint, '__version__', '?')}")
+
+
+def previous_sections(path: str) -> list[str]:
+    """The ``## `` sections of the results file already at ``path`` (none if there is no file)."""
+    if not os.path.exists(path):
+        return []
+    with open(path) as handle:
+        text = handle.read()
+    parts = text.split("\n## ")[1:]
+    return ["## " + part.rstrip("\n") + "\n" for part in parts]
+
+
+def merge(previous: list[str], fresh: list[str]) -> list[str]:
+    """``previous`` with each section that ``fresh`` has a section of the same title for replaced, new ones last.
+
+    Example:
+        >>> merge(["## a\\n\\nold\\n", "## kept\\n"], ["## a\\n\\nnew\\n", "## b\\n"])
+        ['## a\\n\\nnew\\n', '## kept\\n', '## b\\n']
+    """
+    title = lambda section: section.split("\n", 1)[0]  # noqa: E731
+    by_title = {title(section): section for section in fresh}
+    merged = [by_title.pop(title(section), section) for section in previous]
+    return merged + [section for section in fresh if title(section) in by_title]
 
 
 def main() -> None:
@@ -65,7 +91,7 @@ def main() -> None:
               f"Machine: {machine()}.\n\nEvery figure is a ratio measured side by side in one process. Absolute "
               "times on a shared machine are not results.\n")
     with open(args.output, "w") as handle:
-        handle.write(header + "\n" + "\n".join(sections))
+        handle.write(header + "\n" + "\n".join(merge(previous_sections(args.output), sections)))
     print(f"wrote {args.output}")
 
 

@@ -153,11 +153,35 @@ def test_processes_split_each_global_batch(monkeypatch):
         ({"batch_size": 4, "operations": [grain.transforms.Batch(2)]}, "operations[0]"),
         ({"batch_size": 4, "operations": Negate()}, "operations"),
         ({"batch_size": 128}, "no batch would be produced"),
+        ({"batch_size": 4, "read_options": {"num_threads": 2}}, "`read_options` must be a grain.ReadOptions"),
     ],
 )
 def test_bad_arguments_name_the_field(kwargs, field):
     with pytest.raises(ValueError, match=re.escape(field)):
         GrainLoader(PairSource(), **kwargs)
+
+
+def test_default_read_options_are_sixteen_threads_and_a_small_buffer():
+    options = GrainLoader(PairSource(), batch_size=8).read_options
+    assert (options.num_threads, options.prefetch_buffer_size) == (16, 32)
+    given = grain.ReadOptions(num_threads=1, prefetch_buffer_size=3)
+    assert GrainLoader(PairSource(), batch_size=4, read_options=given).read_options is given
+
+
+def test_read_options_change_speed_not_batches_nor_resume():
+    """grain's defaults, the loader's and a single thread give the same batches and the same resumed epoch."""
+    options = [grain.ReadOptions(), None, grain.ReadOptions(num_threads=1, prefetch_buffer_size=1)]
+    runs = []
+    for read_options in options:
+        loader = GrainLoader(PairSource(), batch_size=8, seed=3, operations=[Negate()], read_options=read_options)
+        iterator = iter(loader)
+        first = [next(iterator)[1].tolist() for _ in range(3)]
+        state = loader.state_dict()
+        resumed = GrainLoader(PairSource(), batch_size=8, seed=3, operations=[Negate()], read_options=read_options)
+        resumed.load_state_dict(state)
+        runs.append((first, labels(resumed), labels(loader)))
+    assert runs[0] == runs[1] == runs[2]
+    assert runs[0][1] == runs[0][2]  # the resumed loader yields what the original one yields next
 
 
 def test_bad_source_and_state_are_refused():

@@ -14,12 +14,13 @@ from composerjax.metrics import (
     MeanMetric,
     Metric,
     MulticlassAccuracy,
+    collection,
     compute_values,
     merge_states,
     named_metrics,
     select_metrics,
 )
-from composerjax.metrics.collection import _merge_fixed
+from composerjax.metrics.collection import StateTotals, _merge_fixed
 
 
 def test_metrics_are_named_after_their_class_as_a_metric_collection_does():
@@ -54,6 +55,33 @@ def test_merging_compiles_once_for_every_batch_of_one_shape():
     scores, labels = np.concatenate(all_scores), np.concatenate(all_labels)
     assert compute_values(total) == {"accuracy": pytest.approx(sk.accuracy_score(labels, scores.argmax(1))),
                                      "auroc": pytest.approx(sk.roc_auc_score(labels, scores[:, 1]))}
+
+
+def test_eval_totals_merge_sixteen_batches_per_call_and_equal_the_batch_by_batch_merge(monkeypatch):
+    """37 batches: 3 merge calls (16, 16, 5), the same totals as merging each batch, sklearn's values."""
+    calls = []
+    merge_many = collection._merge_many
+    monkeypatch.setattr(collection, "_merge_many", lambda total, batches: calls.append(len(batches)) or
+                        merge_many(total, batches))
+    rng = np.random.default_rng(0)
+    metrics = {"accuracy": MulticlassAccuracy(num_classes=3), "auroc": BinaryAUROC(), "mean": MeanMetric()}
+    totals, one_by_one, all_scores, all_labels = StateTotals(), None, [], []
+    for _ in range(37):
+        scores, labels = rng.random((4, 3)).astype(np.float32), rng.integers(0, 3, 4)
+        batch = {"accuracy": metrics["accuracy"].update(scores, labels),
+                 "auroc": metrics["auroc"].update(scores[:, 1], labels == 1),
+                 "mean": metrics["mean"].update(jnp.asarray(scores[:, 0]))}
+        totals.add(batch)
+        one_by_one = merge_states(one_by_one, batch)
+        all_scores.append(scores)
+        all_labels.append(labels)
+    result = totals.result()
+    assert calls == [16, 16, 5] and list(result) == ["accuracy", "auroc", "mean"]
+    assert compute_values(result) == compute_values(one_by_one)
+    scores, labels = np.concatenate(all_scores), np.concatenate(all_labels)
+    assert compute_values(result) == {"accuracy": pytest.approx(sk.accuracy_score(labels, scores.argmax(1))),
+                                      "auroc": pytest.approx(sk.roc_auc_score(labels == 1, scores[:, 1])),
+                                      "mean": pytest.approx(scores[:, 0].mean())}
 
 
 def test_a_metric_that_computes_no_scalar_is_named():
