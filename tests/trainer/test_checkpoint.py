@@ -378,3 +378,21 @@ def test_surgery_at_init_is_reapplied_before_loading(tmp_path):
     assert_same(leaves(trainer), leaves(loaded))
     with pytest.raises(CheckpointMismatchError, match="model parameters"):  # an unfactorized model does not fit
         make_trainer(None, duration="3ba", load_path=str(tmp_path))
+
+
+def test_checkpoints_are_written_uncompressed(tmp_path):
+    """Weights hardly compress, so saves skip compression (CPU the steps would lose): zero weights keep their size."""
+    rngs = nnx.Rngs(0)
+    model = nnx.Sequential(nnx.Linear(6, 2**16, kernel_init=nnx.initializers.zeros, rngs=rngs),
+                           nnx.Linear(2**16, 1, kernel_init=nnx.initializers.zeros, rngs=rngs))
+    x, y = regression_data()
+    trainer = Trainer(model, ArrayLoader((x, y), batch_size=16, shuffle=False), "1ba", optax.set_to_zero(),
+                      loss_fn=lambda m, b: jnp.mean((m(b[0]) - b[1]) ** 2), progress_bar=False, run_summary=False,
+                      save_folder=str(tmp_path), save_interval="1ba")
+    trainer.fit()
+    trainer.close()
+    raw = sum(np.asarray(leaf).nbytes for leaf in leaves(trainer, "params"))
+    assert raw > 2**20 and not any(np.asarray(leaf).any() for leaf in leaves(trainer, "params"))
+    on_disk = sum(os.path.getsize(os.path.join(folder, name))
+                  for folder, _, names in os.walk(tmp_path / "ep1-ba1") for name in names)
+    assert on_disk >= raw  # zstd would store these zeros in a few kilobytes
