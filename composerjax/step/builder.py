@@ -41,6 +41,29 @@ class TripCounted:
         return self.jitted.lower(train_state, batches, self.trips)
 
 
+def convolves(jaxpr: Any) -> bool:
+    """Whether ``jaxpr`` (a ``jax.extend.core.Jaxpr``), or any jaxpr nested in it, has a convolution.
+
+    Example:
+        >>> import jax
+        >>> conv = lambda x, w: jax.lax.conv(x, w, (1, 1), "SAME")
+        >>> x, w = jax.numpy.ones((1, 1, 4, 4)), jax.numpy.ones((1, 1, 3, 3))
+        >>> convolves(jax.make_jaxpr(jax.grad(lambda w: conv(x, w).sum()))(w).jaxpr)
+        True
+        >>> convolves(jax.make_jaxpr(lambda w: (w @ w).sum())(w).jaxpr)
+        False
+    """
+    for equation in jaxpr.eqns:
+        if equation.primitive.name == "conv_general_dilated":
+            return True
+        for value in equation.params.values():
+            for inner in value if isinstance(value, (tuple, list)) else (value,):
+                inner = getattr(inner, "jaxpr", inner)  # a ClosedJaxpr's jaxpr
+                if isinstance(inner, jax_core.Jaxpr) and convolves(inner):
+                    return True
+    return False
+
+
 def split_model(model: nnx.Module) -> tuple[nnx.GraphDef, dict[str, Any], dict[str, Any]]:
     """Split a module into its graph, its parameters and every other variable, as plain dicts.
 
@@ -117,6 +140,8 @@ class StepBuilder:
         self._predict: dict[Plan, Any] = {}
         #: Steps as loops of unknown length (see :meth:`train_steps`): on CPU, where such a loop costs nothing.
         self.exact_loops = batch_sharding.mesh.devices.flat[0].platform == "cpu"
+        #: Plans whose step convolves: their single step is a plain program even with ``exact_loops``.
+        self.convolving: set[Plan] = set()
 
     # -- cache -----------------------------------------------------------------------------------
     def train_step(self, plan: Plan) -> Any:
@@ -198,6 +223,12 @@ class StepBuilder:
             # Traced once (the engine runs the planned algorithms here), then evaluated as the loop's body.
             closed, shapes = jax.make_jaxpr(single, return_shape=True)(train_state, first)
             call, tree = jax_core.jaxpr_as_fun(closed), jax.tree.structure(shapes)
+            if count == 1 and convolves(closed.jaxpr):
+                # XLA:CPU runs a convolution inside a loop on a slow generic path (a small CNN's step
+                # took 25 times as long), so this single step is a plain program. Grouped steps of
+                # such a plan then equal single steps up to rounding; 'auto' never groups them.
+                self.convolving.add(plan)
+                return jax.tree.unflatten(tree, call(*jax.tree.leaves((train_state, first))))
             _, loss_shape, metric_shapes = shapes
             buffer = lambda shape: jnp.zeros((count, *shape.shape), shape.dtype)  # noqa: E731
 

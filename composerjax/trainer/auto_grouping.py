@@ -43,6 +43,7 @@ class AutoStepsPerCall:
         self.window, self.target_s, self.max_count, self.host_share = window, target_s, max_count, host_share
         self.payback = payback
         self.count: int | None = None  # None until decided
+        self.reason: str | None = None  # why it was decided without measuring (decline)
         self.measured: tuple[float, float] = (0.0, 0.0)  # seconds per step, the share of steps the device idled
         self._idle: list[bool] = []
         self._start: float | None = None
@@ -81,8 +82,15 @@ class AutoStepsPerCall:
         state.run_summary["steps_per_call"] = {"chosen": self.count, "step_ms": round(per_step * 1e3, 4),
                                                "host_share": round(share, 3)}
 
+    def decline(self, state: Any, reason: str) -> None:
+        """Decide for one batch per call without measuring, for ``reason`` (kept in the run summary)."""
+        self.count, self.reason = 1, reason
+        state.run_summary["steps_per_call"] = {"chosen": 1, "step_ms": None, "host_share": None, "reason": reason}
+
     def describe(self) -> str:
         """One line for the run's output, once decided."""
+        if self.reason:
+            return f"steps_per_call='auto': {self.count} per call ({self.reason})"
         per_step, share = self.measured
         return (f"steps_per_call='auto': {self.count} per call (a step took {per_step * 1e3:.3g} ms; the device "
                 f"waited for the host at {share:.0%} of them)")

@@ -220,7 +220,10 @@ class FitLoop:
         if auto is not None and auto.count is None:
             # Whether the device already finished the previous step (it waits for the host): never waits.
             ready = getattr(state.loss, "is_ready", None)
-            auto.observe(state, start, ready is not None and ready())
+            if self.runner.builder.convolving:
+                auto.decline(state, "the step convolves: on CPU a convolution in a loop is slow")
+            else:
+                auto.observe(state, start, ready is not None and ready())
             if auto.count is not None and self.trainer.run_summary:
                 self.runner.report(auto.describe())
         samples, state.loss, state.step_metrics = self.runner.train_batch(state.batch, device, plan)

@@ -99,8 +99,8 @@ class Trainer:
             the host's work dominates a step and the run is long enough to repay one more compile
             (``state.run_summary['steps_per_call']`` says what it chose). Each grouped step sees
             exactly the batch, step number, ``progress`` and ``step_rng`` of the single step; on
-            CPU the results are bit-identical to per-step training (on GPU and TPU equal up to
-            rounding: docs/performance.md). Runs of several processes train one batch per call.
+            CPU the results are bit-identical to per-step training (on GPU and TPU, and for steps
+            with convolutions, equal up to rounding: docs/performance.md). Multi-process: per step.
         device_prefetch: train batches a thread loads and places on the devices ahead of the step
             (0: none), started when producing and placing a batch takes over 1 ms (timed on the
             first batches; a batch sliced from memory goes to the step directly). Results, saved

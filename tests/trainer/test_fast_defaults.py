@@ -94,12 +94,12 @@ class StopAt(Callback):
             state.stop_training()
 
 
-def long_run(steps_per_call) -> Trainer:
+def long_run(steps_per_call, **kwargs) -> Trainer:
     x = np.random.default_rng(1).normal(size=(4096, 6)).astype(np.float32)
     y = (x[:, 0] > 0).astype(np.int32)
+    kwargs = {"progress_bar": False, "run_summary": False, **kwargs}
     trainer = Trainer(model(), ArrayLoader((x, y), batch_size=8, shuffle=True, seed=2), "1000000ba",
-                      optax.adam(1e-3), callbacks=[StopAt(160)], progress_bar=False, run_summary=False,
-                      steps_per_call=steps_per_call)
+                      optax.adam(1e-3), callbacks=[StopAt(160)], steps_per_call=steps_per_call, **kwargs)
     trainer.fit()
     return trainer
 
@@ -113,6 +113,16 @@ def test_auto_measures_a_host_bound_run_and_groups_it_bit_identically():
     assert auto.state.timestamp.batch == single.state.timestamp.batch == 160
     for a, b in zip(leaves(single), leaves(auto)):
         np.testing.assert_array_equal(a, b)
+
+
+def test_auto_groups_with_the_default_progress_bar_and_run_summary(capsys):
+    """The built-ins a new user gets see each batch after the call: they do not keep the run per step."""
+    trainer = long_run("auto", progress_bar=True, run_summary=True)
+    chosen = trainer.state.run_summary["steps_per_call"]["chosen"]
+    assert chosen >= 2 and trainer.grouping_blocked_by == []
+    assert any(record.batch_shapes[0][0] == chosen for record in trainer.state.compiled_steps)
+    assert trainer.state.timestamp.batch == 160
+    assert f"steps_per_call='auto': {chosen} per call" in capsys.readouterr().out
 
 
 def test_auto_keeps_a_short_run_per_step():
@@ -130,3 +140,34 @@ def test_choose_groups_by_the_power_of_two_that_fills_the_target_when_it_pays():
     # 100 batches save 100 * 0.9 * 2e-4 * 15/16 = 0.017 s: less than twice a 0.5 s compile.
     assert auto.choose(seconds_per_step=2e-4, host_share=0.9, remaining=100, compile_seconds=0.5) == 1
     assert auto.choose(seconds_per_step=3e-3, host_share=0.9, remaining=10**6, compile_seconds=0.5) == 1  # K=2 > 4 ms
+
+
+def conv_run(steps_per_call) -> Trainer:
+    rngs = nnx.Rngs(0)
+    conv = nnx.Sequential(nnx.Conv(1, 4, (3, 3), rngs=rngs), nnx.relu, lambda x: x.reshape(x.shape[0], -1),
+                          nnx.Linear(4 * 6 * 6, 2, rngs=rngs))
+    x = np.random.default_rng(3).normal(size=(64, 6, 6, 1)).astype(np.float32)
+    y = (x[:, 0, 0, 0] > 0).astype(np.int32)
+    trainer = Trainer(ComposerClassifier(conv, 2), ArrayLoader((x, y), batch_size=8, shuffle=True, seed=2), "2ep",
+                      optax.adam(1e-2), progress_bar=False, run_summary=False, steps_per_call=steps_per_call)
+    trainer.fit()
+    return trainer
+
+
+def test_a_convolving_step_stays_a_plain_program_and_auto_keeps_it_per_step():
+    """XLA:CPU runs a convolution inside a loop on a slow path: such a step is not looped, nor grouped by 'auto'."""
+    auto, single, grouped = conv_run("auto"), conv_run(1), conv_run(4)
+    assert auto.state.run_summary["steps_per_call"]["chosen"] == 1
+    assert "convolves" in auto.state.run_summary["steps_per_call"]["reason"]
+    assert all(record.batch_shapes[0][0] == 8 for record in auto.state.compiled_steps)
+    builder = single.runner.builder
+    (plan, step), = builder._train.items()
+    assert builder.convolving == {plan}
+    batch = next(iter(ArrayLoader((np.zeros((8, 6, 6, 1), np.float32), np.zeros(8, np.int32)), batch_size=8)))
+    assert "while" not in step.lower(single.state.train_state, batch).as_text()  # no loop around the step
+    stacked = jax.tree.map(lambda leaf: np.stack([leaf, leaf]), batch)
+    assert "while" in builder._looped(plan, 2).lower(single.state.train_state, stacked).as_text()  # a group loops
+    for a, b in zip(leaves(single), leaves(auto)):
+        np.testing.assert_array_equal(a, b)
+    for a, b in zip(leaves(single), leaves(grouped)):  # a group is still a loop: equal up to rounding
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
