@@ -22,7 +22,7 @@ Example:
     >>> from composerjax.trainer.settings import recipe_arguments
     >>> settings = recipe_arguments()
     >>> settings["steps_per_call"].default, settings["handle_signals"].default
-    (1, True)
+    ('auto', True)
     >>> settings["tokens_per_batch"].recipe_type  # a function, by its import path
     str | None
 """
