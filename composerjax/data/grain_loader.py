@@ -73,8 +73,9 @@ class GrainLoader:
         read_options: ``grain.ReadOptions`` for the threads that read records (in this process, or
             in each worker). None (the default) is grain's 16 threads with a buffer of 32 records
             instead of grain's 500: grain spends time in proportion to that buffer on every record
-            (on 2 cores, batches of 64 in-memory records took 3 to 4 times as long with 500). The
-            options change speed only, never which records a batch holds.
+            (on 2 cores a batch of 64 records took 2.7 to 3.8 times as long with 500, measured by
+            benchmarks/fast_defaults.py). The options change speed only, never which records a
+            batch holds.
         shard_by_process: Split records across JAX processes (``jax.process_index()`` of
             ``jax.process_count()``); if False every process reads every record.
 
