@@ -78,8 +78,8 @@ def auto_section(rounds: int) -> None:
     rates = race({"hand": hand.run, "engine steps_per_call=1": per_step.run, "engine defaults": engine}, rounds)
     chosen = trainer.state.run_summary["steps_per_call"]
     print(f"\n## auto: {case.name}, {rounds} interleaved rounds of {len(batches)} batches; steps/s and / hand loop")
-    print(f"steps_per_call='auto' chose {chosen['chosen']} (a step took {chosen['step_ms']} ms, "
-          f"{chosen['host_share']:.0%} host work); target: defaults >= 3x the hand loop, per step >= 0.9")
+    print(f"steps_per_call='auto' chose {chosen['chosen']} ({chosen['reason']}); "
+          "target: defaults >= 3x the hand loop, per step >= 0.9")
     for name, rate in rates.items():
         print(f"{name:28s} {rate:10.0f} {rate / rates['hand']:8.2f}")
 

@@ -31,6 +31,7 @@ BENCHMARKS = [
     ("scaling.py", [], "Data-parallel and FSDP overhead on simulated devices"),
     ("lm.py", [], "A real language-model job: GPT-2 on the Python standard library's source"),
     ("fast_defaults.py", [], "Fast defaults against hand loops: auto grouping, prefetch, eval, memory, warm starts"),
+    ("auto_fresh.py", [], "steps_per_call='auto' in fresh processes on a busy machine: one choice, and its speed"),
 ]
 
 

@@ -10,6 +10,7 @@ from typing import Any
 import jax
 
 from composerjax import Engine, Event, Logger, LoggerDestination, State, Trace
+from composerjax.loggers.jsonl_resume import continue_jsonl, replace_file
 from composerjax.parallel.dist import is_process_zero
 
 __all__ = ["TraceRecorder", "TRACES_FILE", "TIMELINE_FILE"]
@@ -41,6 +42,8 @@ _CLOSES = {
     Event.PREDICT_BATCH_END: "predict_step",
 }
 _STEPS = ("train_step", "eval_step", "predict_step")
+# After these (the checkpoint saver has run) the new traces are appended to traces.jsonl.
+_FLUSHES = frozenset({Event.BATCH_CHECKPOINT, Event.EPOCH_CHECKPOINT, Event.ITERATION_CHECKPOINT})
 
 # Timeline tracks (Chrome "threads").
 _LOOP, _ALGORITHMS, _COMPILES = 1, 2, 3
@@ -48,13 +51,21 @@ _TRACK_NAMES = {_LOOP: "training loop", _ALGORITHMS: "host algorithms", _COMPILE
 
 
 class TraceRecorder(LoggerDestination):
-    """Record which algorithms ran at which event, and a timeline of the run, into the run folder.
+    """A callback that records which algorithms ran at which event, and a timeline of the run, into the run folder.
 
-    Writes two files into ``path`` (default: ``state.run_dir``) at ``FIT_END`` and again at close:
+    Pass it in the Trainer's ``callbacks`` (a recipe: ``callbacks: [trace_recorder]``).
+
+    Writes two files into ``path`` (default: ``state.run_dir``):
 
     - ``traces.jsonl``: one line per :class:`~composerjax.Trace` (``name``, ``event``, ``order``,
       ``traced``, ``batch``, ``duration_s``, ... and ``time_s``, when it was recorded), for
-      ``composerjax traces RUN_DIR``.
+      ``composerjax traces RUN_DIR``. The first write replaces an earlier run's file; new traces
+      are then appended at each checkpoint event (every batch), at ``FIT_END`` and at close, so a
+      killed run keeps what it recorded. A run resuming from a checkpoint (``state.resumed_from``)
+      instead continues the file: at ``AFTER_LOAD`` it keeps the traces up to the checkpoint's
+      batch, drops the later ones (those batches run again) and adds a marker line
+      ``{"resumed_from": "<checkpoint>", "batch": N}``
+      (:func:`composerjax.loggers.jsonl_resume.continue_jsonl`).
     - ``trace.json``: a Chrome Trace Event Format timeline (``{"traceEvents": [...]}``, times in
       microseconds) for chrome://tracing or Perfetto. Track "training loop": ``fit``, ``epoch``,
       ``dataloader`` (waiting for a batch), ``train_step`` (dispatching one compiled step: the host
@@ -62,13 +73,15 @@ class TraceRecorder(LoggerDestination):
       step), ``eval``/``eval_step`` and ``predict``/``predict_step``. Track "host algorithms": one
       span per host-event algorithm run, as long as its ``apply`` took. Track "compiles": one
       ``compile <kind> step`` span per compiled step variant (``state.compiled_steps``), inside the
-      step that compiled it.
+      step that compiled it. Written at ``FIT_END`` and again at close; it covers this process only.
 
-    Traces reach the recorder in two ways: host-event traces through ``log_traces`` when it is one
-    of the trainer's ``loggers``, and every trace, the traced ones of each compiled step included,
-    from the engine's ``trace_log`` once ``attach(trainer.engine)`` was called (read at each host
-    event, so the log's size bound does not lose any). Both may be used together; no trace is
-    recorded twice. Only process 0 writes files.
+    The Trainer attaches the recorder to its engine, so it reads every trace from the engine's
+    ``trace_log``: host algorithms, the algorithms traced into each compiled step, and the actions
+    of callbacks that record them (``Callback.trace_actions``: the trainer's evaluations and
+    checkpoint saves). It reads the log at each host event, so the log's size bound loses none.
+    With an ``Engine`` of your own, call ``attach(engine)``. (Its base class is
+    ``LoggerDestination`` so that an engine it is not attached to can hand it host traces through
+    ``log_traces``; no trace is recorded twice.) Only process 0 writes files.
 
     Args:
         path: the folder for both files; ``None`` for the run folder (``state.run_dir``).
@@ -78,10 +91,8 @@ class TraceRecorder(LoggerDestination):
         from composerjax import Trainer
         from composerjax.callbacks.trace_recorder import TraceRecorder
 
-        recorder = TraceRecorder()
-        trainer = Trainer(model, loader, max_duration='1ep', algorithms=[...], loggers=[recorder])
-        recorder.attach(trainer.engine)   # also record the algorithms traced into each step
-        trainer.fit()                     # writes runs/<run_name>/traces.jsonl and trace.json
+        trainer = Trainer(model, loader, max_duration='1ep', algorithms=[...], callbacks=[TraceRecorder()])
+        trainer.fit()   # writes runs/<run_name>/traces.jsonl and trace.json
     """
 
     def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
@@ -98,6 +109,8 @@ class TraceRecorder(LoggerDestination):
         self._step_first_trace = 0
         self._compiles_seen = 0
         self._run_name = "run"
+        self._written = 0  # how many of _traces are in traces.jsonl
+        self._continuing = False  # traces.jsonl holds this run's earlier lines: append, never replace
 
     # -- sources ---------------------------------------------------------------------------------
     def attach(self, engine: Engine) -> TraceRecorder:
@@ -154,8 +167,12 @@ class TraceRecorder(LoggerDestination):
             self._open[name] = (now, self._span_args(name, state))
             if name == "train_step":
                 self._step_first_trace = len(self._traces)
+        if event is Event.AFTER_LOAD and state.resumed_from is not None:
+            self._continue(state)
         if event is Event.FIT_END:
             self._write(state)
+        elif event in _FLUSHES:
+            self._write_traces(state)
 
     def close(self, state: State, logger: Logger) -> None:
         self._poll_engine(self._now())
@@ -230,17 +247,34 @@ class TraceRecorder(LoggerDestination):
     def _micros(self, seconds: float) -> float:
         return round((seconds - (self._origin or 0.0)) * 1e6, 3)
 
+    def _continue(self, state: State) -> None:
+        """Resumed: cut traces.jsonl back to the checkpoint's batch and mark where this process continues it."""
+        if not is_process_zero():
+            return
+        resumed = state.resumed_from
+        continue_jsonl(os.path.join(self.path or state.run_dir, TRACES_FILE), resumed.checkpoint, resumed.batch)
+        self._continuing = True
+
+    def _write_traces(self, state: State) -> None:
+        """Add the traces recorded since the last write to traces.jsonl (the first write replaces the file)."""
+        if not is_process_zero() or (self._continuing and len(self._traces) == self._written):
+            return
+        lines = "".join(json.dumps({**trace.to_dict(), "time_s": round(recorded - (self._origin or 0.0), 6)}) + "\n"
+                        for recorded, trace in self._traces[self._written:])
+        path = os.path.join(self.path or state.run_dir, TRACES_FILE)
+        if self._continuing:
+            with open(path, "a", encoding="utf-8") as file:
+                file.write(lines)
+        else:
+            replace_file(path, lines)
+            self._continuing = True
+        self._written = len(self._traces)
+
     def _write(self, state: State) -> None:
         if not is_process_zero():
             return
-        folder = self.path or state.run_dir
-        os.makedirs(folder, exist_ok=True)
-        with open(os.path.join(folder, TRACES_FILE), "w", encoding="utf-8") as file:
-            for recorded, trace in self._traces:
-                record = {**trace.to_dict(), "time_s": round(recorded - (self._origin or 0.0), 6)}
-                file.write(json.dumps(record) + "\n")
-        with open(os.path.join(folder, TIMELINE_FILE), "w", encoding="utf-8") as file:
-            json.dump(self.timeline(), file)
+        self._write_traces(state)
+        replace_file(os.path.join(self.path or state.run_dir, TIMELINE_FILE), json.dumps(self.timeline()))
 
 
 def _span(name: str, category: str, track: int, start: float, duration: float, args: dict[str, Any]) -> dict[str, Any]:

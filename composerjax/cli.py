@@ -4,7 +4,10 @@ Each subcommand is one ``_add_<name>(subparsers)`` function that declares its ar
 ``<name>_command(args) -> int`` that runs it; ``main`` dispatches. Bad input (a recipe with
 problems, a missing run folder or file, an unreadable line) exits with status 2 and a message,
 never a traceback. Any other error exits with status 1 and one line naming the exception;
-``--debug`` (before or after the subcommand) shows its traceback instead.
+``--debug`` (before or after the subcommand) shows its traceback instead. Two commands answer
+with their status too: ``train`` exits 3 when the final training loss is NaN or infinite (unless
+the recipe sets ``allow_nonfinite_loss: true``), and ``traces A --diff B`` exits 0 when the runs
+are the same, 1 when they differ and 2 on any error, as ``diff`` does.
 
 Example:
     >>> main(['traces', '/no/such/run'])
@@ -19,11 +22,10 @@ import os
 import re
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["main", "build_parser", "train_command", "explain_command", "traces_command", "plot_command",
-           "launch_command", "UsageError"]
+__all__ = ["main", "build_parser", "NONFINITE_LOSS_STATUS", "train_command", "explain_command", "traces_command",
+           "plot_command", "launch_command", "UsageError"]
 
 TRACES_FILE = "traces.jsonl"
 METRICS_FILE = "metrics.jsonl"
@@ -52,7 +54,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"composerjax {args.command}: error: {type(error).__name__}: {error}", file=sys.stderr)
         print(f"composerjax {args.command}: run with --debug for the traceback", file=sys.stderr)
-        return 1
+        return getattr(args, "unexpected_error_status", 1)  # 2 for `traces --diff`, whose 1 means "they differ"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -142,7 +144,9 @@ def _add_train(subparsers: Any) -> None:
             "where the recipe's loggers, run_dir and save_folder say. A run stopped by SIGTERM or SIGINT exits "
             "with 143 or 130 after its checkpoint is saved."
         ),
-        epilog=_EXIT_STATUSES + "\n  130  interrupted by SIGINT (143: by SIGTERM), after saving a checkpoint\n\n"
+        epilog=_EXIT_STATUSES + "\n  3    the final training loss is NaN or infinite (the recipe's "
+                                "allow_nonfinite_loss: true accepts it)"
+                                "\n  130  interrupted by SIGINT (143: by SIGTERM), after saving a checkpoint\n\n"
                                 "examples:\n"
                                 "  composerjax train examples/digits_baseline.yaml\n"
                                 "  composerjax train examples/digits_speedup.yaml --set max_duration=2ep "
@@ -175,8 +179,35 @@ def train_command(args: argparse.Namespace) -> int:
         raise UsageError(str(error)) from None
     finally:
         trainer.close()
+    loss = _final_loss(trainer)
+    if loss is not None:  # read for the results anyway: a NaN no logger saw is said here
+        trainer.nonfinite_loss.last(loss)
     print(_format_results(trainer, results, time.perf_counter() - start))
-    return 0
+    return _train_exit_status(trainer)
+
+
+#: ``composerjax train``'s exit status when the final training loss is NaN or infinite.
+NONFINITE_LOSS_STATUS = 3
+
+
+def _final_loss(trainer: Any) -> float | None:
+    try:
+        return float(trainer.state.loss)
+    except (TypeError, ValueError):
+        return None
+
+
+def _train_exit_status(trainer: Any) -> int:
+    """0, or :data:`NONFINITE_LOSS_STATUS` and one line on stderr for a final loss that is not finite (not allowed)."""
+    import math
+
+    loss = _final_loss(trainer)
+    if loss is None or math.isfinite(loss) or trainer.nonfinite_loss.allowed:
+        return 0
+    print(f"composerjax train: the final training loss is {loss}: exit status {NONFINITE_LOSS_STATUS} "
+          "(allow_nonfinite_loss: true in the recipe, or --set allow_nonfinite_loss=true, accepts it)",
+          file=sys.stderr)
+    return NONFINITE_LOSS_STATUS
 
 
 def _format_results(trainer: Any, results: dict[str, float] | None, seconds: float) -> str:
@@ -186,12 +217,16 @@ def _format_results(trainer: Any, results: dict[str, float] | None, seconds: flo
     epochs_done = f"{epochs} epoch{'' if epochs == 1 else 's'} complete"
     lines = [f"run {state.run_name}: {int(timestamp.batch)} batches ({epochs_done}), {seconds:.1f} s wall "
              "(compiles included)"]
-    try:
-        loss = float(state.loss)
-    except (TypeError, ValueError):
-        loss = None
+    loss = _final_loss(trainer)
     if loss is not None:
         lines.append(f"  final train loss  {loss:.4f}")
+    nonfinite = state.run_summary.get("nonfinite_loss")
+    if nonfinite:
+        lines.append(f"  non-finite loss   {nonfinite['message']}")
+    skipped = state.run_summary.get("skipped_nonfinite_updates")
+    if skipped:
+        lines.append(f"  skipped updates   {skipped['skipped']} of {skipped['updates']} (skip_nonfinite_updates: "
+                     "NaN or infinite loss or gradients)")
     if results:
         width = max(len(name) for name in results)
         lines.append("  eval")
@@ -244,164 +279,16 @@ def explain_command(args: argparse.Namespace) -> int:
 
 # -- composerjax traces ----------------------------------------------------------------------------
 def _add_traces(subparsers: Any) -> None:
-    parser = subparsers.add_parser(
-        "traces",
-        help="which algorithms ran at each event, in what order, how often",
-        description=(
-            "Summarise RUN_DIR/traces.jsonl (written by composerjax.callbacks.trace_recorder.TraceRecorder): "
-            "for each event, in lifecycle order, the algorithms that ran there in the order they were applied, "
-            "how many times, whether inside the compiled step (traced) or on the host, the batches they ran at "
-            "and the total host time of their apply. With --diff, show only where two runs differ: algorithms "
-            "present at an event in one run and not the other, a different order, different run counts."
-        ),
-        epilog=_EXIT_STATUSES + "\n\nexamples:\n  composerjax traces runs/digits-speedup\n"
-                                "  composerjax traces runs/digits-speedup --diff runs/digits-baseline",
-        formatter_class=_HelpFormatter,
-    )
-    parser.add_argument("run_dir", metavar="RUN_DIR", help="a run folder holding traces.jsonl (or the file itself)")
-    parser.add_argument("--diff", metavar="OTHER_RUN", help="another run folder (or traces.jsonl) to compare against")
-    _add_debug(parser)
-    parser.set_defaults(handler=traces_command)
+    from composerjax.cli_traces import add_traces  # its own module (composerjax.cli_traces)
 
-
-@dataclass
-class _AlgorithmRuns:
-    """What one algorithm did at one event over a run."""
-
-    name: str
-    first_seen: int
-    runs: int = 0
-    orders: dict[int, int] = field(default_factory=dict)  # position -> how often
-    traced: set[bool] = field(default_factory=set)
-    seconds: float = 0.0
-    batches: list[int] = field(default_factory=list)
-
-    @property
-    def position(self) -> tuple[int, int]:
-        """Where it usually ran among the event's algorithms: its most frequent order, then first seen."""
-        usual = max(self.orders.items(), key=lambda item: (item[1], -item[0]))[0] if self.orders else 0
-        return usual, self.first_seen
+    add_traces(subparsers)
 
 
 def traces_command(args: argparse.Namespace) -> int:
-    """``composerjax traces RUN_DIR [--diff OTHER_RUN]``."""
-    run = _summarise_traces(_read_jsonl(_run_file(args.run_dir, TRACES_FILE, "traces")))
-    if args.diff is None:
-        print(_format_traces(args.run_dir, run))
-        return 0
-    other = _summarise_traces(_read_jsonl(_run_file(args.diff, TRACES_FILE, "traces")))
-    print(_format_trace_diff(args.run_dir, run, args.diff, other))
-    return 0
+    """``composerjax traces RUN_DIR [--diff OTHER_RUN]`` (:func:`composerjax.cli_traces.traces_command`)."""
+    from composerjax.cli_traces import traces_command as run
 
-
-def _summarise_traces(records: list[tuple[str, int, dict[str, Any]]]) -> dict[str, dict[str, _AlgorithmRuns]]:
-    """``{event: {algorithm: runs}}`` from traces.jsonl records; events and algorithms in first-seen order."""
-    events: dict[str, dict[str, _AlgorithmRuns]] = {}
-    for index, (path, line, record) in enumerate(records):
-        try:
-            name, event = str(record["name"]), str(record["event"]).upper()
-        except KeyError as missing:
-            raise UsageError(f"{path}:{line}: a trace needs 'name' and 'event'; {missing} is missing") from None
-        if record.get("run") is False:
-            continue
-        algorithms = events.setdefault(event, {})
-        runs = algorithms.get(name) or algorithms.setdefault(name, _AlgorithmRuns(name, index))
-        runs.runs += 1
-        order = record.get("order")
-        if isinstance(order, int):
-            runs.orders[order] = runs.orders.get(order, 0) + 1
-        runs.traced.add(bool(record.get("traced", False)))
-        if isinstance(record.get("duration_s"), (int, float)):
-            runs.seconds += float(record["duration_s"])
-        if isinstance(record.get("batch"), int):
-            runs.batches.append(record["batch"])
-    return {event: events[event] for event in sorted(events, key=_event_rank)}
-
-
-def _event_rank(event: str) -> tuple[int, str]:
-    """Lifecycle position of an event name (unknown names last, alphabetically)."""
-    from composerjax.core.event import Event
-
-    try:
-        return list(Event).index(Event(event.lower())), event
-    except ValueError:
-        return len(Event), event
-
-
-def _in_order(algorithms: dict[str, _AlgorithmRuns]) -> list[_AlgorithmRuns]:
-    return sorted(algorithms.values(), key=lambda runs: runs.position)
-
-
-def _kind(runs: _AlgorithmRuns) -> str:
-    return "/".join(name for flag, name in ((False, "host"), (True, "traced")) if flag in runs.traced)
-
-
-def _format_traces(label: str, events: dict[str, dict[str, _AlgorithmRuns]]) -> str:
-    total = sum(runs.runs for algorithms in events.values() for runs in algorithms.values())
-    batches = [b for algorithms in events.values() for runs in algorithms.values() for b in runs.batches]
-    span = f", batches {min(batches)}-{max(batches)}" if batches else ""
-    lines = [f"traces of {label}: {total} algorithm runs at {len(events)} events{span}"]
-    if not events:
-        lines.append("  (no algorithm ran)")
-    host_seconds = 0.0
-    for event, algorithms in events.items():
-        rows = [("order", "algorithm", "runs", "kind", "batches", "host time")]
-        for runs in _in_order(algorithms):
-            orders = ",".join(str(order) for order in sorted(runs.orders)) or "-"
-            host = False in runs.traced
-            host_seconds += runs.seconds
-            rows.append((orders, runs.name, str(runs.runs), _kind(runs), _batch_range(runs.batches),
-                         _seconds(runs.seconds) if host else "-"))
-        lines.append("")
-        lines.append(event)
-        lines.extend("  " + line for line in _table(rows))
-    lines.append("")
-    lines.append(f"total host time in algorithms: {_seconds(host_seconds)}")
-    return "\n".join(lines)
-
-
-def _format_trace_diff(label: str, run: dict[str, dict[str, _AlgorithmRuns]], other_label: str,
-                       other: dict[str, dict[str, _AlgorithmRuns]]) -> str:
-    lines = [f"differences between {label} (A) and {other_label} (B):"]
-    for event in sorted(set(run) | set(other), key=_event_rank):
-        ours, theirs = run.get(event, {}), other.get(event, {})
-        only_ours = [runs.name for runs in _in_order(ours) if runs.name not in theirs]
-        only_theirs = [runs.name for runs in _in_order(theirs) if runs.name not in ours]
-        if only_ours:
-            lines.append(f"  {event}: only in A: {', '.join(only_ours)}")
-        if only_theirs:
-            lines.append(f"  {event}: only in B: {', '.join(only_theirs)}")
-        shared_ours = [runs.name for runs in _in_order(ours) if runs.name in theirs]
-        shared_theirs = [runs.name for runs in _in_order(theirs) if runs.name in ours]
-        if shared_ours != shared_theirs:
-            lines.append(f"  {event}: order differs: A runs {', '.join(shared_ours)}; "
-                         f"B runs {', '.join(shared_theirs)}")
-        for name in shared_ours:
-            if ours[name].runs != theirs[name].runs:
-                lines.append(f"  {event}: {name} ran {ours[name].runs} times in A, {theirs[name].runs} in B")
-    if len(lines) == 1:
-        lines.append("  none: the same algorithms ran at the same events, in the same order, as often")
-    return "\n".join(lines)
-
-
-def _batch_range(batches: list[int]) -> str:
-    if not batches:
-        return "-"
-    low, high = min(batches), max(batches)
-    return str(low) if low == high else f"{low}-{high}"
-
-
-def _seconds(seconds: float) -> str:
-    if seconds >= 1.0:
-        return f"{seconds:.3g} s"
-    if seconds >= 1e-3:
-        return f"{seconds * 1e3:.3g} ms"
-    return f"{seconds * 1e6:.3g} us"
-
-
-def _table(rows: list[tuple[str, ...]]) -> list[str]:
-    widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
-    return ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
+    return run(args)
 
 
 # -- composerjax plot ------------------------------------------------------------------------------
@@ -569,7 +456,9 @@ def _run_file(run: str, file_name: str, what: str) -> str:
 
 
 def _read_jsonl(path: str) -> list[tuple[str, int, dict[str, Any]]]:
-    """``(path, line number, object)`` for each non-blank line of a JSON-lines file."""
+    """``(path, line number, object)`` for each non-blank line of a JSON-lines file, resume markers left out."""
+    from composerjax.loggers.jsonl_resume import is_resume_marker  # {"resumed_from": ..., "batch": N} lines
+
     records = []
     try:
         with open(path, encoding="utf-8") as file:
@@ -582,7 +471,8 @@ def _read_jsonl(path: str) -> list[tuple[str, int, dict[str, Any]]]:
                     raise UsageError(f"{path}:{number}: not a JSON line ({error.msg})") from None
                 if not isinstance(record, dict):
                     raise UsageError(f"{path}:{number}: expected a JSON object, got {type(record).__name__}")
-                records.append((path, number, record))
+                if not is_resume_marker(record):
+                    records.append((path, number, record))
     except OSError as error:
         raise UsageError(f"{path}: cannot read: {error.strerror}") from None
     return records

@@ -28,7 +28,7 @@ import re
 import threading
 import typing
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import pydantic
@@ -42,7 +42,9 @@ __all__ = [
     "callbacks",
     "data",
     "describe_hparams",
+    "did_you_mean",
     "docstring_args",
+    "hparam_names",
     "hparams_model",
     "loggers",
     "models",
@@ -526,6 +528,35 @@ def hparams_model(factory: Callable[..., Any]) -> type[pydantic.BaseModel]:
     except TypeError:
         pass
     return model
+
+
+def did_you_mean(word: str, accepted: Iterable[str]) -> str:
+    """The end of a message about an unknown name: the accepted names close to ``word``, else all of them.
+
+    Names are compared ignoring case, ``_`` and ``-``, as registry names are.
+
+    Example:
+        >>> did_you_mean("smoothng", ["smoothing", "target_key"])
+        "; did you mean 'smoothing'?"
+        >>> did_you_mean("zzz", ["smoothing", "target_key"])
+        '; accepted: smoothing, target_key'
+    """
+    names = list(accepted)
+    by_key = {normalize_name(name): name for name in names}
+    close = [by_key[key] for key in difflib.get_close_matches(normalize_name(str(word)), list(by_key), n=3)]
+    if close:
+        return f"; did you mean {', '.join(map(repr, close))}?"
+    return f"; accepted: {', '.join(names)}" if names else ""
+
+
+def hparam_names(factory: Callable[..., Any]) -> list[str]:
+    """The hyperparameters ``factory`` accepts by name (the fields of its :func:`hparams_model`).
+
+    Example:
+        >>> hparam_names(algorithms.get("label_smoothing"))
+        ['smoothing', 'target_key']
+    """
+    return list(hparams_model(factory).model_fields)
 
 
 def _type_name(annotation: Any) -> str:

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -9,7 +10,7 @@ import jax.numpy as jnp
 import optax
 import pytest
 
-from composerjax import Algorithm, ArrayLoader, Event, Trainer
+from composerjax import Algorithm, ArrayLoader, Callback, Event, Trainer
 from composerjax.callbacks.trace_recorder import TraceRecorder
 from composerjax.cli import main
 
@@ -40,14 +41,23 @@ class Announce(Algorithm):
         return 7
 
 
-def recipe_run(folder, arrays, make_model, algorithms):
+class SaysDone(Callback):
+    """A user callback that records its actions: it acts (returns True) at every second EPOCH_END."""
+
+    trace_actions = True
+
+    def epoch_end(self, state, logger):
+        return state.timestamp.epoch.value % 2 == 0
+
+
+def recipe_run(folder, arrays, make_model, algorithms, callbacks=(), **kwargs):
     x, y = arrays
-    recorder = TraceRecorder()
+    # TraceRecorder is a callback: the trainer attaches it to the engine, traced runs included.
     trainer = Trainer(make_model(), ArrayLoader((x, y), batch_size=16), max_duration="2ep", optimizers=optax.sgd(0.1),
-                      algorithms=algorithms, loggers=[recorder], progress_bar=False, run_summary=False,
-                      run_dir=str(folder))
-    recorder.attach(trainer.engine)
+                      algorithms=algorithms, callbacks=[TraceRecorder(), *callbacks], progress_bar=False,
+                      run_summary=False, run_dir=str(folder), **kwargs)
     trainer.fit()
+    trainer.close()
     return str(folder)
 
 
@@ -60,14 +70,14 @@ def runs(tmp_path_factory, classification_arrays, make_tiny_classifier):
 
 
 def sections(output: str) -> dict[str, list[list[str]]]:
-    """The traces table: ``{EVENT: [[order, algorithm, runs, kind, batches, host time], ...]}``."""
+    """The traces table: ``{EVENT: [[order, name, runs, kind, batches, exit codes, host time], ...]}``."""
     tables: dict[str, list[list[str]]] = {}
     current = None
     for line in output.splitlines():
         if line and not line.startswith(" ") and line.isupper():
             current = tables[line] = []
         elif current is not None and line.startswith("  ") and not line.strip().startswith("order"):
-            current.append(line.split(maxsplit=5))
+            current.append(re.split(r"\s{2,}", line.strip()))  # cells are padded apart by two spaces or more
         elif not line:
             current = None
     return tables
@@ -84,14 +94,15 @@ def test_traces_names_every_algorithm_at_its_events_in_pass_order(runs, capsys):
     assert [row[:5] for row in tables["AFTER_LOSS"]] == [["0", "Sharpen", "8", "traced", "0-7"],
                                                          ["1", "Smooth", "8", "traced", "0-7"]]
     (announce,) = tables["EPOCH_START"]
-    assert announce[:5] == ["0", "Announce", "2", "host", "0-4"] and announce[5].endswith((" us", " ms"))
-    assert [row[5] for row in tables["BEFORE_LOSS"]] == ["-", "-"]
+    assert announce[:6] == ["0", "Announce", "2", "host", "0-4", "7 (2 runs)"]  # apply returned 7 both times
+    assert announce[6].endswith((" us", " ms"))
+    assert [row[5:] for row in tables["BEFORE_LOSS"]] == [["-", "-"], ["-", "-"]]  # no exit code, no host time
     assert output.rstrip().splitlines()[-1].startswith("total host time in algorithms: ")
 
 
 def test_traces_diff_names_the_algorithm_only_one_run_has(runs, capsys):
     full, lean = runs
-    assert main(["traces", full, "--diff", lean]) == 0
+    assert main(["traces", full, "--diff", lean]) == 1  # as diff(1): they differ
     assert capsys.readouterr().out.splitlines() == [
         f"differences between {full} (A) and {lean} (B):",
         "  BEFORE_LOSS: only in A: Sharpen",
@@ -99,7 +110,73 @@ def test_traces_diff_names_the_algorithm_only_one_run_has(runs, capsys):
     ]
     assert main(["traces", lean, "--diff", os.path.join(lean, "traces.jsonl")]) == 0
     assert capsys.readouterr().out.splitlines()[1] == (
-        "  none: the same algorithms ran at the same events, in the same order, as often")
+        "  none: the same algorithms and callbacks ran at the same events, in the same order, as often")
+
+
+def test_traces_lists_callbacks_that_record_actions_as_callbacks(tmp_path, classification_arrays,
+                                                                  make_tiny_classifier, capsys):
+    x, y = classification_arrays
+    folder = recipe_run(tmp_path / "callbacks", classification_arrays, make_tiny_classifier, [Announce()],
+                        callbacks=[SaysDone()], eval_dataloader=ArrayLoader((x, y), batch_size=32, shuffle=False))
+    assert main(["traces", folder]) == 0
+    output = capsys.readouterr().out
+    # Announce at the two EPOCH_STARTs; EvalRunner after each epoch, SaysDone after the second.
+    assert output.splitlines()[0] == (f"traces of {folder}: 2 algorithm runs and 3 callback actions at 2 events, "
+                                      "batches 0-8")
+    tables = sections(output)
+    assert list(tables) == ["EPOCH_START", "EPOCH_END"]
+    assert tables["EPOCH_START"][0][:6] == ["0", "Announce", "2", "host", "0-4", "7 (2 runs)"]
+    assert [row[:6] for row in tables["EPOCH_END"]] == [["0", "EvalRunner", "2", "callback", "4-8", "-"],
+                                                        ["0", "SaysDone", "1", "callback", "8", "-"]]
+    last = output.rstrip().splitlines()[-1]
+    assert last.startswith("total host time in algorithms: ") and "; in callbacks: " in last
+    # Against a run without them, the diff names them as callbacks.
+    lean = recipe_run(tmp_path / "lean", classification_arrays, make_tiny_classifier, [Announce()])
+    assert main(["traces", folder, "--diff", lean]) == 1
+    assert capsys.readouterr().out.splitlines()[1:] == [
+        "  EPOCH_END: only in A: EvalRunner (callback), SaysDone (callback)"]
+
+
+def test_traces_shows_the_exit_codes_apply_returned(tmp_path, capsys):
+    rows = [{"name": "Vote", "event": "epoch_start", "order": 0, "run": True, "exit_code": code, "batch": batch}
+            for batch, code in enumerate([1, None, 0, 1])]
+    (tmp_path / "traces.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    assert main(["traces", str(tmp_path)]) == 0
+    (vote,) = sections(capsys.readouterr().out)["EPOCH_START"]
+    assert vote[:6] == ["0", "Vote", "4", "host", "0-3", "0 (1 run), 1 (2 runs)"]
+
+
+def test_traces_diff_answers_with_its_exit_status_like_diff(runs, tmp_path):
+    """0 the same, 1 different, 2 an error: through the real command line, in a fresh process."""
+    full, lean = runs
+    (tmp_path / "broken.jsonl").write_text('{"name": "A", "event": "init"}\n{oops\n')
+
+    def traces(*args):
+        return subprocess.run([sys.executable, "-m", "composerjax", "traces", *map(str, args)], capture_output=True,
+                              text=True, timeout=120, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+
+    same = traces(lean, "--diff", os.path.join(lean, "traces.jsonl"))
+    different = traces(full, "--diff", lean)
+    missing = traces(full, "--diff", tmp_path / "missing")
+    unreadable = traces(tmp_path / "broken.jsonl", "--diff", full)
+    assert (same.returncode, different.returncode, missing.returncode, unreadable.returncode) == (0, 1, 2, 2)
+    assert "none: the same algorithms and callbacks ran" in same.stdout
+    assert "only in A: Sharpen" in different.stdout and different.stderr == ""
+    assert missing.stderr == f"composerjax traces: error: {tmp_path / 'missing'}: no such run folder\n"
+    assert unreadable.stderr.startswith(f"composerjax traces: error: {tmp_path / 'broken.jsonl'}:2: not a JSON line")
+
+
+def test_an_unexpected_error_in_traces_diff_is_2_not_1(runs, monkeypatch, capsys):
+    full, lean = runs
+
+    def broken(*args):
+        raise RuntimeError("the summary broke")
+
+    monkeypatch.setattr("composerjax.cli_traces._trace_differences", broken)
+    assert main(["traces", full, "--diff", lean]) == 2  # 1 would read as "they differ"
+    assert "RuntimeError: the summary broke" in capsys.readouterr().err
+    monkeypatch.setattr("composerjax.cli_traces._format_traces", broken)
+    assert main(["traces", full]) == 1  # without --diff, the usual status of an unexpected error
 
 
 def test_traces_diff_reports_order_and_count_differences(tmp_path, capsys):
@@ -112,7 +189,7 @@ def test_traces_diff_reports_order_and_count_differences(tmp_path, capsys):
 
     write(tmp_path / "a", [("X", 0, 0), ("Y", 1, 0), ("X", 0, 1), ("Y", 1, 1)])
     write(tmp_path / "b", [("Y", 0, 0), ("X", 1, 0)])
-    assert main(["traces", str(tmp_path / "a"), "--diff", str(tmp_path / "b")]) == 0
+    assert main(["traces", str(tmp_path / "a"), "--diff", str(tmp_path / "b")]) == 1
     assert capsys.readouterr().out.splitlines()[1:] == [
         "  AFTER_DATALOADER: order differs: A runs X, Y; B runs Y, X",
         "  AFTER_DATALOADER: X ran 2 times in A, 1 in B",

@@ -2,7 +2,7 @@
 
 from composerjax.core.algorithm import Algorithm
 from composerjax.core.callback import Callback
-from composerjax.core.engine import Engine, Plan
+from composerjax.core.engine import Engine, Plan, UndeclaredEventWarning
 from composerjax.core.evaluator import Evaluator, ensure_evaluators
 from composerjax.core.event import Event
 from composerjax.core.passes import (
@@ -32,6 +32,7 @@ __all__ = [
     "TimeUnit",
     "Timestamp",
     "Trace",
+    "UndeclaredEventWarning",
     "ensure_evaluators",
     "ensure_time",
     "set_filo_order",

@@ -38,7 +38,9 @@ class Algorithm:
     Read by the engine: ``events``, the only events at which ``match`` can return True (``None``,
     the default: any event). The engine then never asks ``match`` about the others, which keeps the
     per-batch host cost to a few calls however many events a batch has. A declaration that leaves
-    out an event ``match`` accepts is a bug the engine reports when ``COMPOSERJAX_CHECK_EVENTS=1``.
+    out an event ``match`` accepts is a bug: at INIT the engine asks ``match`` about the other
+    events once and warns (``UndeclaredEventWarning``); ``COMPOSERJAX_CHECK_EVENTS=1`` makes that
+    an error and checks every event of the run too, ``=0`` turns it off.
     The default ``match`` returns ``event in self.events``: an algorithm that runs at every event
     it declares needs no ``match`` of its own; override it to add conditions (a schedule, a flag).
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+import warnings
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -16,12 +17,35 @@ from composerjax.core.passes import DEFAULT_PASSES, AlgorithmPass
 from composerjax.core.state import State
 from composerjax.core.trace import Trace
 
-__all__ = ["Engine", "Plan"]
+__all__ = ["Engine", "Plan", "UndeclaredEventWarning", "events_check_mode"]
 
 log = logging.getLogger(__name__)
 
 #: The algorithms that will run at each traced event, in order: the compiled step's cache key.
 Plan = tuple[tuple[Event, tuple[Algorithm, ...]], ...]
+
+
+class UndeclaredEventWarning(UserWarning):
+    """An algorithm's ``match`` accepts an event its ``events`` leave out: it never runs there."""
+
+
+def events_check_mode() -> str:
+    """How the engine checks algorithms' ``events`` declarations, from ``COMPOSERJAX_CHECK_EVENTS``.
+
+    ``'warn'`` (unset, empty or ``warn``): at INIT, each algorithm that declares ``events`` is asked
+    about every other event, once, against the INIT state; an event its ``match`` accepts there is
+    an :class:`UndeclaredEventWarning`. ``'off'`` (``0``): no check. ``'error'`` (``1`` or anything
+    else): that INIT check raises instead, and every algorithm is also asked at every event of the
+    run, which raises as soon as one matches outside its ``events``.
+
+    Example:
+        >>> events_check_mode() in ("warn", "off", "error")
+        True
+    """
+    value = os.environ.get("COMPOSERJAX_CHECK_EVENTS", "").strip().lower()
+    if value in ("", "warn"):
+        return "warn"
+    return "off" if value == "0" else "error"
 
 
 class Engine:
@@ -70,8 +94,10 @@ class Engine:
         self._plan_records: dict[Plan, tuple[tuple[str, Event, int], ...]] = {}
         self._candidate_key: tuple[Algorithm, ...] | None = None
         self._candidate_table: dict[Event, tuple[Algorithm, ...]] = {}
+        #: How INIT checks the algorithms' ``events`` (:func:`events_check_mode`: 'warn', 'off', 'error').
+        self.events_check = events_check_mode()
         #: Ask every algorithm at every event and fail if one matches outside its ``events``.
-        self.check_events = os.environ.get("COMPOSERJAX_CHECK_EVENTS", "") not in ("", "0")
+        self.check_events = self.events_check == "error"
 
     # -- passes ----------------------------------------------------------------------------------
     def register_pass(self, algorithm_pass: AlgorithmPass, index: int = -1) -> None:
@@ -107,6 +133,8 @@ class Engine:
         state = self.state
         if event is Event.INIT:
             self._run_callbacks(event, state)
+            if self.events_check != "off":
+                self._check_declared_events(state)
             return self._run_algorithms(event, state)
         traces = self._run_algorithms(event, state) if state.algorithms else OrderedDict()
         # _refresh_listeners inlined: this runs for every host event of every batch.
@@ -172,6 +200,53 @@ class Engine:
                         f"events={sorted(e.name for e in algorithm.events or ())} leave out: add the event"
                     )
         return matched
+
+    def undeclared_events(self, state: State | None = None) -> dict[Algorithm, list[Event]]:
+        """The events each algorithm's ``match`` accepts against ``state`` though its ``events`` leave them out.
+
+        Each algorithm that declares ``events`` is asked once about every other event. A ``match``
+        that raises there (it reads what ``state`` does not hold yet) tells nothing and is skipped.
+
+        Example:
+            >>> class Forgetful(Algorithm):
+            ...     events = frozenset({Event.AFTER_LOSS})
+            ...     def match(self, event, state):
+            ...         return event in (Event.AFTER_LOSS, Event.BATCH_END)
+            >>> from composerjax.loggers import Logger
+            >>> state = State(model=None, algorithms=[Forgetful()])
+            >>> [(type(a).__name__, [e.name for e in events])
+            ...  for a, events in Engine(state, Logger(state)).undeclared_events().items()]
+            [('Forgetful', ['BATCH_END'])]
+        """
+        state = state or self.state
+        found: dict[Algorithm, list[Event]] = {}
+        for algorithm in state.algorithms:
+            declared = algorithm.events
+            if declared is None:
+                continue
+            for event in Event:
+                if event in declared:
+                    continue
+                try:
+                    accepted = bool(algorithm.match(event, state))
+                except Exception:  # noqa: BLE001, S112 - it needs a state INIT does not have: nothing to learn
+                    continue
+                if accepted:
+                    found.setdefault(algorithm, []).append(event)
+        return found
+
+    def _check_declared_events(self, state: State) -> None:
+        """At INIT: warn (raise with ``COMPOSERJAX_CHECK_EVENTS=1``) of events ``match`` accepts, ``events`` omit."""
+        for algorithm, events in self.undeclared_events(state).items():
+            name = type(algorithm).__name__
+            missed = ", ".join(event.name for event in events)
+            message = (f"{name}.match accepts {missed} (asked at INIT), which its "
+                       f"events={sorted(event.name for event in algorithm.events or ())} leave out, so it never runs "
+                       f"there: add {', '.join('Event.' + event.name for event in events)} to {name}.events "
+                       "(COMPOSERJAX_CHECK_EVENTS=0 turns this check off, =1 makes it an error)")
+            if self.events_check == "error":
+                raise RuntimeError(message)
+            warnings.warn(message, UndeclaredEventWarning, stacklevel=2)
 
     def _apply(self, algorithm: Algorithm, event: Event, state: State) -> int | None:
         try:

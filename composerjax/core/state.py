@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -17,7 +17,23 @@ from composerjax.core.train_state import TrainState
 if TYPE_CHECKING:
     from flax import nnx
 
-__all__ = ["State", "as_max_duration", "instance_names"]
+__all__ = ["ResumePoint", "State", "as_max_duration", "instance_names"]
+
+
+class ResumePoint(NamedTuple):
+    """The checkpoint a run continues from, loaded in full: ``state.resumed_from`` from ``AFTER_LOAD`` on.
+
+    Attributes:
+        checkpoint: the checkpoint's folder (an absolute path, or its ``s3://``/``gs://`` URI).
+        batch: the batches trained when it was saved; the run continues with batch ``batch + 1``.
+
+    Example:
+        >>> ResumePoint("/runs/a/checkpoints/ep0-ba40", 40).batch
+        40
+    """
+
+    checkpoint: str
+    batch: int
 
 
 def as_max_duration(value: Time | str | int) -> Time:
@@ -118,6 +134,10 @@ class State:
         #: While the fit loop prefetches batches, the train loader's position after the last batch the
         #: loop took (the loader itself is ahead); None otherwise. Checkpoints record this.
         self.dataloader_position: Callable[[], Any] | None = None
+        #: The checkpoint this run continues from (autoresume, or a full ``load_path`` load), set before
+        #: ``AFTER_LOAD``; None for a run that starts at batch 0 or loaded weights only. Plugins that
+        #: keep files across processes use it to drop what they wrote after that batch.
+        self.resumed_from: ResumePoint | None = None
 
     # -- the model, kept in sync with the device state lazily ------------------------------------
     @property
@@ -206,6 +226,22 @@ class State:
             self.train_state = self.train_state._replace(algorithm_state=placed)
         else:
             self._algorithm_state = value
+
+    @property
+    def eval_metrics(self) -> dict[str, dict[str, Any]]:
+        """Composer's name for :attr:`metrics`: ``{evaluator label: {metric name: value}}``, the same dict.
+
+        Each evaluation (during ``fit`` or ``trainer.eval()``) sets its label's entry. Composer holds
+        torchmetrics objects there and its code calls ``.compute()`` on them; here the entries are
+        the computed values already. Empty until the first evaluation.
+
+        Example:
+            >>> state = State(model=None)
+            >>> state.metrics["eval"] = {"MulticlassAccuracy": 0.75}
+            >>> state.eval_metrics["eval"]["MulticlassAccuracy"], state.eval_metrics is state.metrics
+            (0.75, True)
+        """
+        return self.metrics
 
     # -- time ------------------------------------------------------------------------------------
     @property

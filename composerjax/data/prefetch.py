@@ -51,6 +51,7 @@ class DevicePrefetcher:
         threshold_s: start the thread when producing and placing a batch takes longer than this.
         probe: how many batches are timed in the train loop before deciding.
         start_thread: None decides by timing; True starts the thread at once; False never does.
+        clock: the clock the probe reads (seconds); tests hand in their own readings.
 
     Example:
         >>> import numpy as np
@@ -64,11 +65,12 @@ class DevicePrefetcher:
     """
 
     def __init__(self, loader: Any, place: Callable[[Any], Any], depth: int = 2, threshold_s: float = 1e-3,
-                 probe: int = 3, start_thread: bool | None = None) -> None:
+                 probe: int = 3, start_thread: bool | None = None,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
         if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
             raise ValueError(f"depth={depth!r}: expected a positive number of batches")
         self.loader, self.place, self.depth = loader, place, depth
-        self.threshold_s, self.probe = threshold_s, probe
+        self.threshold_s, self.probe, self.clock = threshold_s, probe, clock
         self._iterator: Iterator[Any] = iter(loader)
         self._positioned = hasattr(loader, "state_dict") and hasattr(loader, "load_state_dict")
         self._position: Any = None  # after the last batch handed out (threaded mode)
@@ -98,10 +100,10 @@ class DevicePrefetcher:
         if self._decided:
             return Prefetched(next(self._iterator), None, None)
         # Probing: produce and place in the train loop, timed; the placed batch is used.
-        start = time.perf_counter()
+        start = self.clock()
         host = next(self._iterator)
         device = self._placed(host)
-        self._timings.append(time.perf_counter() - start)
+        self._timings.append(self.clock() - start)
         if len(self._timings) >= self.probe:
             self._decided = True
             if min(self._timings) > self.threshold_s:

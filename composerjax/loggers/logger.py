@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import jax
 import numpy as np
@@ -17,7 +18,7 @@ if TYPE_CHECKING:
     from composerjax.core.state import State
     from composerjax.core.trace import Trace
 
-__all__ = ["Logger", "LoggerDestination", "is_process_zero"]
+__all__ = ["Logger", "LoggerDestination", "RunOutcome", "closing_outcome", "is_process_zero"]
 
 
 class LoggerDestination(Callback):
@@ -50,6 +51,13 @@ class LoggerDestination(Callback):
 
     def log_table(self, columns: list[str], rows: list[list[Any]], name: str, step: int | None = None) -> None:
         """Record a table: ``rows`` are lists of plain Python values, one per column."""
+
+    def flush(self) -> None:
+        """Write out everything logged so far (to disk, or to the tracker's store); the run stays open.
+
+        Destinations that buffer call it at ``FIT_END`` (so a script that ends after ``fit`` loses
+        nothing) and on ``close``, which also ends the run. The default does nothing.
+        """
 
     def can_upload_files(self) -> bool:
         """Whether this destination keeps files it is handed with ``upload_file`` (Composer's)."""
@@ -103,6 +111,11 @@ class Logger:
         step = self._step(step)
         for destination in self._destinations:
             destination.log_metrics(metrics, step)
+
+    def flush(self) -> None:
+        """Have every destination write out what it was given so far (see ``LoggerDestination.flush``)."""
+        for destination in self._destinations:
+            destination.flush()
 
     def log_hyperparameters(self, hyperparameters: dict[str, Any]) -> None:
         """Log the run's hyperparameters."""
@@ -177,6 +190,41 @@ class Logger:
         step = self._step(step)
         for destination in receivers:
             destination.log_table(list(columns), plain_rows, name, step)
+
+
+class RunOutcome(NamedTuple):
+    """How a tracker's run ends: ``status`` ('finished', 'failed' or 'interrupted') and a process's ``exit_code``."""
+
+    status: str
+    exit_code: int
+
+
+def closing_outcome(failed: bool = False) -> RunOutcome:
+    """How a run closed now ends, read from the exception being handled while it closes (if any).
+
+    An interruption (an exception with a ``signum``, such as ``TrainingInterrupted``, or
+    ``KeyboardInterrupt``) gives ``'interrupted'`` with exit code ``128 + signal``; ``sys.exit(0)``
+    or no exception gives ``'finished'`` unless ``failed`` (``fit`` failed earlier); any other
+    exception gives ``'failed'`` with exit code 1.
+
+    Example:
+        >>> closing_outcome()
+        RunOutcome(status='finished', exit_code=0)
+        >>> try:
+        ...     raise KeyboardInterrupt
+        ... except KeyboardInterrupt:
+        ...     closing_outcome()
+        RunOutcome(status='interrupted', exit_code=130)
+    """
+    error = sys.exc_info()[1]
+    signum = getattr(error, "signum", None)
+    if isinstance(signum, int) and not isinstance(signum, bool):
+        return RunOutcome("interrupted", 128 + signum)
+    if isinstance(error, KeyboardInterrupt):
+        return RunOutcome("interrupted", 130)  # SIGINT
+    if failed or not (error is None or (isinstance(error, SystemExit) and error.code in (0, None))):
+        return RunOutcome("failed", 1)
+    return RunOutcome("finished", 0)
 
 
 def _overrides(destination: LoggerDestination, method: str) -> bool:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import fnmatch
 import os
 import shutil
-import sys
 import tempfile
 import time
 import warnings
@@ -14,14 +13,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from composerjax.loggers.images import to_uint8
-from composerjax.loggers.logger import LoggerDestination, is_process_zero
+from composerjax.loggers.logger import LoggerDestination, closing_outcome, is_process_zero
 from composerjax.parallel.dist import process_index
 
 if TYPE_CHECKING:
     from composerjax.core.state import State
     from composerjax.loggers.logger import Logger
 
-__all__ = ["MLFlowLogger", "DEFAULT_MLFLOW_EXPERIMENT_NAME"]
+__all__ = ["MLFlowLogger", "DEFAULT_MLFLOW_EXPERIMENT_NAME", "default_tracking_uri"]
 
 #: The experiment runs go to when neither ``experiment_name`` nor ``MLFLOW_EXPERIMENT_NAME`` names one.
 DEFAULT_MLFLOW_EXPERIMENT_NAME = "my-mlflow-experiment"
@@ -36,6 +35,28 @@ def _import_mlflow() -> Any:
     return mlflow
 
 
+def default_tracking_uri() -> str:
+    """Where runs go when ``MLFlowLogger(tracking_uri=None)``: MLflow's own setting, else ``./mlflow.db``.
+
+    In order: ``'databricks'`` when ``DATABRICKS_TOKEN`` is set (as Composer); the URI MLflow was
+    given (``MLFLOW_TRACKING_URI`` or ``mlflow.set_tracking_uri``); otherwise the SQLite database
+    ``mlflow.db`` in the working directory, as an absolute ``sqlite:///`` URI. That is MLflow 3's own
+    default, without its fallback to an existing ``./mlruns`` file store (which MLflow 3 refuses to
+    open unless ``MLFLOW_ALLOW_FILE_STORE=true``) and instead of MLflow 2's ``./mlruns`` default.
+
+    Example::
+
+        default_tracking_uri()   # 'sqlite:////home/me/project/mlflow.db' with no MLflow settings, in /home/me/project
+    """
+    if os.environ.get("DATABRICKS_TOKEN"):
+        return "databricks"
+    mlflow = _import_mlflow()
+    is_set = getattr(mlflow, "is_tracking_uri_set", None)
+    if (is_set() if callable(is_set) else bool(os.environ.get("MLFLOW_TRACKING_URI"))):
+        return mlflow.get_tracking_uri()
+    return "sqlite:///" + os.path.abspath("mlflow.db").replace(os.sep, "/")
+
+
 class MLFlowLogger(LoggerDestination):
     """Log to an `MLflow <https://mlflow.org>`_ run, created at INIT in ``experiment_name``.
 
@@ -43,13 +64,21 @@ class MLFlowLogger(LoggerDestination):
     last one logged for that name is skipped until ``log_duplicated_metric_every_n_steps`` steps
     have passed); hyperparameters are run parameters (nested dicts as ``a/b`` names); images are
     ``client.log_image`` under ``<name>_<i>``; tables are ``<name>.json`` artifacts; files and folders
-    handed to :meth:`upload_file` (checkpoints) are artifacts under their ``remote_file_name``. The
-    run ends when the Trainer closes: ``FINISHED``, or ``FAILED`` when ``fit`` failed.
+    handed to :meth:`upload_file` (checkpoints) are artifacts under their ``remote_file_name``.
+
+    When values reach the store: MLflow's background writer (``synchronous=False``) is drained at
+    every ``FIT_END``, so what ``fit`` logged is in the store when it returns; the run stays open,
+    so a later ``fit()`` or ``eval()`` logs into the same run. The run ends when the Trainer closes
+    (``trainer.close()``, the end of a ``with`` block, or interpreter exit for a Trainer never
+    closed): ``FINISHED``; ``FAILED`` when ``fit`` failed or the Trainer is closed while an
+    exception is handled; ``KILLED`` when SIGTERM/SIGINT stopped ``fit``.
 
     Any tracking store works: ``tracking_uri='sqlite:///runs/mlflow.db'`` keeps everything local
-    (artifacts go to ``./mlruns``), ``http://host:5000`` is a tracking server; by default MLflow's own
-    (``MLFLOW_TRACKING_URI``). ``MLFLOW_EXPERIMENT_ID``, ``MLFLOW_EXPERIMENT_NAME`` and
-    ``MLFLOW_RUN_ID`` are read as Composer reads them.
+    (artifacts go to ``./mlruns``), ``http://host:5000`` is a tracking server. Without
+    ``tracking_uri``, MLflow's own setting (``MLFLOW_TRACKING_URI``, ``mlflow.set_tracking_uri``) is
+    used, else ``sqlite:///<working directory>/mlflow.db`` (:func:`default_tracking_uri`; MLflow 3
+    refuses to create ``./mlruns`` file stores). ``MLFLOW_EXPERIMENT_ID``, ``MLFLOW_EXPERIMENT_NAME``
+    and ``MLFLOW_RUN_ID`` are read as Composer reads them.
 
     Args:
         experiment_name: the experiment (created if missing); by default ``MLFLOW_EXPERIMENT_NAME``
@@ -57,7 +86,8 @@ class MLFlowLogger(LoggerDestination):
         run_name: the run's name; by default the Trainer's ``run_name``.
         tags: tags for the run; the tag ``run_name`` (the Trainer's run name, or ``RUN_NAME``) is
             added, and found again by ``resume``.
-        tracking_uri: where runs are stored; by default MLflow's tracking URI.
+        tracking_uri: where runs are stored; by default MLflow's tracking URI if one is set, else
+            ``./mlflow.db`` (see :func:`default_tracking_uri`).
         rank_zero_only: log only on process 0; with False every process logs its own run, named
             ``<run_name>-rank<process index>``.
         flush_interval: accepted for Composer's signature (Composer does not use it either): batching
@@ -66,7 +96,7 @@ class MLFlowLogger(LoggerDestination):
             (``{catalog}.{schema}`` for Unity Catalog).
         model_registry_uri: the model registry (``'databricks-uc'`` for Unity Catalog).
         synchronous: log each call before returning; False queues metrics and parameters and
-            writes them in the background (flushed when the Trainer closes).
+            writes them in the background (drained at every ``FIT_END`` and when the Trainer closes).
         log_system_metrics: let MLflow record CPU, memory and GPU use (sampled every 5 s, logged
             every 30 s; needs ``psutil``).
         rename_metrics: ``{logged name: name in MLflow}``, exact names.
@@ -87,8 +117,8 @@ class MLFlowLogger(LoggerDestination):
 
         trainer = Trainer(model, loader, max_duration="2ep",
                           loggers=[MLFlowLogger(experiment_name="digits", tracking_uri="sqlite:///mlflow.db")])
-        trainer.fit()
-        trainer.close()  # ends the MLflow run
+        with trainer:      # the run ends with the block (FAILED if an exception leaves it)
+            trainer.fit()  # the metrics are in mlflow.db when fit returns
     """
 
     def __init__(self, experiment_name: str | None = None, run_name: str | None = None,
@@ -117,6 +147,8 @@ class MLFlowLogger(LoggerDestination):
         if log_system_metrics:  # sampled every 5 s, logged as the mean of 6 samples (every 30 s)
             mlflow.set_system_metrics_samples_before_logging(6)
             mlflow.set_system_metrics_sampling_interval(5)
+        #: The tracking URI the run is stored at (``tracking_uri`` or the default), once the run has started.
+        self.run_tracking_uri: str | None = None
         #: The experiment's and the run's MLflow ids, and the run's page, once the run has started.
         self.experiment_id: str | None = None
         self.run_id: str | None = None
@@ -137,9 +169,8 @@ class MLFlowLogger(LoggerDestination):
         mlflow = _import_mlflow()
         from mlflow import MlflowClient
 
-        tracking_uri = self.tracking_uri
-        if tracking_uri is None:
-            tracking_uri = "databricks" if os.environ.get("DATABRICKS_TOKEN") else mlflow.get_tracking_uri()
+        tracking_uri = self.tracking_uri if self.tracking_uri is not None else default_tracking_uri()
+        self.run_tracking_uri = tracking_uri
         mlflow.set_tracking_uri(tracking_uri)
         if self.model_registry_uri is not None:
             mlflow.set_registry_uri(self.model_registry_uri)
@@ -300,6 +331,27 @@ class MLFlowLogger(LoggerDestination):
                                                await_registration_for=await_registration_for, tags=tags)
 
     # -- end -----------------------------------------------------------------------------------
+    def flush(self) -> None:
+        """Wait until MLflow's background writer has stored everything logged so far; the run stays open.
+
+        Called at ``FIT_END`` and on close. Example: ``mlflow_logger.flush()`` before reading the run back.
+        """
+        if self._enabled and not self._closed:
+            self._drain()
+
+    def _drain(self) -> None:
+        # The queue belongs to the client's store (the one log_batch wrote through), whatever the
+        # process-wide tracking URI is now.
+        store = getattr(getattr(self._client, "_tracking_client", None), "store", None)
+        drain = getattr(store, "flush_async_logging", None)
+        if callable(drain):
+            drain()
+        else:
+            _import_mlflow().flush_async_logging()
+
+    def fit_end(self, state: State, logger: Logger) -> None:
+        self.flush()
+
     def fit_error(self, state: State, logger: Logger, error: BaseException) -> None:
         self._failed = True
 
@@ -309,14 +361,18 @@ class MLFlowLogger(LoggerDestination):
             return
         self._closed = True
         mlflow = _import_mlflow()
-        mlflow.flush_async_logging()
-        status = "FAILED" if self._failed or sys.exc_info()[0] is not None else "FINISHED"
+        self._drain()
+        status = _STATUS[closing_outcome(self._failed).status]
         active = mlflow.active_run()
         if self._owns_active_run and active is not None and active.info.run_id == self.run_id:
             mlflow.end_run(status=status)
-        elif self._client.get_run(self.run_id).info.status == "RUNNING" or status == "FAILED":
+        elif self._client.get_run(self.run_id).info.status == "RUNNING" or status != "FINISHED":
             self._client.set_terminated(self.run_id, status=status)
         self._owns_active_run = False
+
+
+#: MLflow's run status for each way a run ends (``closing_outcome``).
+_STATUS = {"finished": "FINISHED", "failed": "FAILED", "interrupted": "KILLED"}
 
 
 def _check_arguments(arguments: dict[str, Any]) -> None:

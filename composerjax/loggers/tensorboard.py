@@ -32,7 +32,8 @@ class TensorboardLogger(LoggerDestination):
         log_dir: the folder for the event file; by default ``<state.run_dir>/tensorboard`` (the run
             folder is learnt at INIT).
         flush_secs: write buffered events to disk when this many seconds have passed since the last
-            flush (checked at each write; events are also flushed at the end of every epoch, eval and fit).
+            flush (checked at each write; events are also flushed at the end of every epoch, eval and
+            fit, and the file is closed when the Trainer closes or, never closed, at interpreter exit).
 
     Example:
         >>> import tempfile
@@ -97,6 +98,12 @@ class TensorboardLogger(LoggerDestination):
             self._last_flush = time.monotonic()
         return self._writer
 
+    def flush(self) -> None:
+        """Write the buffered events to the event file (TensorBoard shows them on its next reload)."""
+        if self._writer is not None:
+            self._writer.flush()
+            self._last_flush = time.monotonic()
+
     def _add(self, summary: Any, step: int | None) -> None:
         writer = self._events_writer()
         if writer is None:
@@ -108,7 +115,7 @@ class TensorboardLogger(LoggerDestination):
             event.step = int(step)
         writer.write_event(event)
         if time.monotonic() - self._last_flush >= self.flush_secs:
-            self._flush()
+            self.flush()
 
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
         from tensorboardX.proto.summary_pb2 import Summary
@@ -141,19 +148,14 @@ class TensorboardLogger(LoggerDestination):
 
         self._add(text(name, _markdown_table(columns, rows)), self._step if step is None else step)
 
-    def _flush(self) -> None:
-        if self._writer is not None:
-            self._writer.flush()
-            self._last_flush = time.monotonic()
-
     def epoch_end(self, state: State, logger: Logger) -> None:
-        self._flush()
+        self.flush()
 
     def eval_end(self, state: State, logger: Logger) -> None:
-        self._flush()
+        self.flush()
 
     def fit_end(self, state: State, logger: Logger) -> None:
-        self._flush()
+        self.flush()
 
     def close(self, state: State | None, logger: Logger | None) -> None:
         # The HParams dashboard reads one session per run: written once, with everything logged.

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import os
 import re
-import sys
 import warnings
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from composerjax.loggers.images import to_uint8
-from composerjax.loggers.logger import LoggerDestination, is_process_zero
+from composerjax.loggers.logger import LoggerDestination, closing_outcome, is_process_zero
 from composerjax.parallel.dist import process_count, process_index
 
 if TYPE_CHECKING:
@@ -37,8 +36,15 @@ class WandBLogger(LoggerDestination):
     the Trainer logs it); hyperparameters update ``run.config`` (nested dicts stay nested); images
     are lists of ``wandb.Image`` under their name; tables are ``wandb.Table``; with
     ``log_artifacts=True`` every file or folder handed to :meth:`upload_file` (checkpoints) becomes a
-    W&B artifact with the aliases ``latest`` and ``ep{epoch}-ba{batch}``. The run is finished when the
-    Trainer closes (exit code 1 when ``fit`` failed).
+    W&B artifact with the aliases ``latest`` and ``ep{epoch}-ba{batch}``.
+
+    The run is finished (``run.finish``) when the Trainer closes: ``trainer.close()``, the end of a
+    ``with`` block, or interpreter exit for a Trainer never closed; a ``fit`` that returns leaves it
+    open, so a later ``fit()`` or ``eval()`` logs into the same run. Its exit code is 0; 1 when
+    ``fit`` failed or the Trainer is closed while an exception is handled; ``128 + signal`` when
+    SIGTERM/SIGINT stopped ``fit``. W&B has no flush for a running run: it keeps the newest step's
+    row open until a later step arrives (an ``eval()`` at the same step joins it) and its service
+    writes the offline ``.wandb`` file periodically and at finish, so :meth:`flush` does nothing.
 
     W&B itself reads its usual settings: ``WANDB_MODE=offline`` (or ``init_kwargs={'mode': 'offline'}``)
     writes the run under ``<dir>/wandb/offline-run-*`` with no account and no network; ``wandb sync``
@@ -63,8 +69,8 @@ class WandBLogger(LoggerDestination):
 
         trainer = Trainer(model, loader, max_duration="2ep", run_dir="runs/a",
                           loggers=[WandBLogger(project="digits", init_kwargs={"mode": "offline"})])
-        trainer.fit()
-        trainer.close()  # finishes the W&B run
+        with trainer:      # the W&B run is finished with the block
+            trainer.fit()
     """
 
     def __init__(self, project: str | None = None, group: str | None = None, name: str | None = None,
@@ -208,8 +214,7 @@ class WandBLogger(LoggerDestination):
         # After every callback's close, so files uploaded while closing (the last checkpoint) are in the run.
         # Exit code 1 when fit failed, or (as Composer) when the Trainer is closed while an error is handled.
         if self.run is not None:
-            failed = self._failed or sys.exc_info()[0] is not None
-            self.run.finish(exit_code=1 if failed else 0)
+            self.run.finish(exit_code=closing_outcome(self._failed).exit_code)
             self.run = None
 
 

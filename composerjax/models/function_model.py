@@ -110,7 +110,10 @@ class _ComposerModelFunctions(ModelFunctions):
 
 
 class _LossFunctionModel(ModelFunctions):
-    """A plain ``nnx.Module`` trained with ``loss_fn(model, batch[, rng, step])``."""
+    """A plain ``nnx.Module`` trained with ``loss_fn(model, batch[, rng, step])``.
+
+    In the train step ``step`` is the traced step count; at eval it is ``None`` and ``rng`` a fixed key.
+    """
 
     def __init__(self, loss_fn: Callable[..., Any]) -> None:
         self.loss_fn = loss_fn
@@ -148,7 +151,16 @@ class _LossFunctionModel(ModelFunctions):
 
     def metric_states(self, model: nnx.Module, batch: Any, outputs: Any, metric_names: Any = None
                       ) -> dict[str, Metric]:
-        loss, extra = self._call(model, batch, jax.random.key(0), jnp.zeros((), jnp.int32))
+        # At eval no optimizer step is taken: step is None (as state.step is for algorithms there), so a
+        # loss_fn can branch on it; the rng is one fixed key, so evaluations are repeatable.
+        try:
+            loss, extra = self._call(model, batch, jax.random.key(0), None)
+        except TypeError as error:
+            if not self.takes_rng_and_step or "NoneType" not in str(error):
+                raise
+            raise TypeError(f"loss_fn={getattr(self.loss_fn, '__name__', self.loss_fn)!r} failed at eval, where it "
+                            f"is called with step=None (no optimizer step is taken): {error}. Branch on "
+                            "`step is None` for the eval loss") from error
         count = jnp.asarray(jax.tree.leaves(batch)[0].shape[0], jnp.float32)
         sums: MetricSums = {"loss": (loss * count, count)}
         for name, value in extra.items():

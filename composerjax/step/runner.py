@@ -36,7 +36,8 @@ from composerjax.step.builder import StepBuilder, TripCounted, split_model
 from composerjax.step.compile_cache import CACHE_STATS
 from composerjax.step.keys import KeyCodec
 from composerjax.step.precision import cast_floating, parameter_dtype
-from composerjax.step.summary import CompiledStep, cost_of, format_compiled, memory_of
+from composerjax.step.skipped_updates import SkippedUpdates
+from composerjax.step.summary import CompiledStep, costs_of, format_compiled, memory_of
 
 __all__ = ["StepRunner", "batch_size_of", "default_memory_budget"]
 
@@ -93,6 +94,8 @@ class StepRunner:
         self.functions: ModelFunctions = model_functions(state._model, loss_fn)
         self._variables: Any = None  # (key, [(path, variable, is_param)]) for sync_model
         self._signature: Any = None  # the last compiled batch's description, for BatchError
+        #: The updates ``skip_nonfinite_updates`` skipped, summed on the device.
+        self.skipped_updates = SkippedUpdates()
 
     # -- device state ----------------------------------------------------------------------------
     def build(self) -> None:
@@ -244,6 +247,8 @@ class StepRunner:
             self._signature = describe_batch(host_batch)
             self._record("train", plan, step, time.perf_counter() - start, hits, state.train_state, batch)
         state._model_stale = True
+        if state.skip_nonfinite_updates:
+            self.skipped_updates.add(metrics, 1)
         if plan:
             self.engine.record_plan(plan, state.timestamp.counts.batch)
         return samples, loss, metrics
@@ -294,6 +299,8 @@ class StepRunner:
             for index in range(count):
                 self.engine.record_plan(plan, first + index)
         state._model_stale = True
+        if state.skip_nonfinite_updates:
+            self.skipped_updates.add(metrics, count)
         return losses, metrics
 
     def _failed(self, error: Exception, batch: Any, traced: bool) -> None:
@@ -466,12 +473,14 @@ class StepRunner:
         from_cache = CACHE_STATS.hits > hits_before
         abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=getattr(a, "sharding", None))
                                 if hasattr(a, "shape") else a, args)
+        flops, moved = costs_of(step, *abstract)
         record = CompiledStep(
             kind=kind,
             algorithms=tuple(f"{type(a).__name__}/{event.name}" for event, algorithms in plan for a in algorithms),
             batch_shapes=tuple(tuple(leaf.shape) for leaf in jax.tree.leaves(args[-1])),
             compile_seconds=seconds,
-            flops=cost_of(step, *abstract),
+            flops=flops,
+            bytes_accessed=moved,
             memory=memory_of(step, *abstract),
             batch=self.state.timestamp.counts.batch,
             from_cache=from_cache,

@@ -8,7 +8,7 @@ from typing import Any
 import jax
 import numpy as np
 
-__all__ = ["CompiledStep", "cost_of", "memory_of", "parameter_summary", "format_summary"]
+__all__ = ["CompiledStep", "cost_of", "costs_of", "memory_of", "parameter_summary", "format_summary"]
 
 
 @dataclass
@@ -21,9 +21,12 @@ class CompiledStep:
         batch_shapes: the shapes of the batch leaves it was compiled for.
         compile_seconds: wall time of the call that traced and compiled it.
         flops: floating-point operations per call from XLA's cost analysis (None if unavailable).
+        bytes_accessed: bytes the call reads and writes, from the same analysis (None if unavailable).
         memory: the compiled executable's memory analysis in bytes (argument, output, temp, ...).
         batch: the training batch index at which it was compiled.
         from_cache: its executable came from the persistent compilation cache (traced, not compiled).
+        attention: which attention kernel its trace chose and why (``'xla (cpu: no fused attention
+            kernel)'``), from :func:`composerjax.models.attention.take_attention_choices`; None without attention.
     """
 
     kind: str
@@ -31,9 +34,11 @@ class CompiledStep:
     batch_shapes: tuple[tuple[int, ...], ...]
     compile_seconds: float
     flops: float | None = None
+    bytes_accessed: float | None = None
     memory: dict[str, int] = field(default_factory=dict)
     batch: int = 0
     from_cache: bool = False
+    attention: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-serialisable view."""
@@ -46,13 +51,21 @@ def cost_of(jitted: Any, *args: Any) -> float | None:
     Free once that variant has run (the executable is cached, in memory or on disk), where the
     lowered module's analysis would convert it to HLO again.
     """
+    return costs_of(jitted, *args)[0]
+
+
+def costs_of(jitted: Any, *args: Any) -> tuple[float | None, float | None]:
+    """``(flops, bytes accessed)`` per call of ``jitted`` on ``args``, as :func:`cost_of` (None: unavailable)."""
     try:
         cost = jitted.lower(*args).compile().cost_analysis()
     except Exception:  # cost analysis is best effort: some backends do not provide it
-        return None
+        return None, None
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-    flops = cost.get("flops") if cost else None
-    return float(flops) if flops is not None and flops >= 0 else None
+    if not cost:
+        return None, None
+    flops, moved = cost.get("flops"), cost.get("bytes accessed")
+    return (float(flops) if flops is not None and flops >= 0 else None,
+            float(moved) if moved is not None and moved >= 0 else None)
 
 
 def memory_of(jitted: Any, *args: Any) -> dict[str, int]:
@@ -88,7 +101,23 @@ def format_summary(summary: dict[str, Any]) -> str:
     if summary.get("grouping_blocked_by"):
         lines.append(f"  steps_per_call={summary['steps_per_call']}: grouping blocked by "
                      f"{', '.join(summary['grouping_blocked_by'])} (they act between batches)")
+    # Known only once training ran (fit end): the summary printed at FIT_START has neither.
+    if summary.get("nonfinite_loss"):
+        lines.append(f"  non-finite loss: {summary['nonfinite_loss']['message']}")
+    if summary.get("skipped_nonfinite_updates"):
+        lines.append(f"  {skipped_updates_line(summary['skipped_nonfinite_updates'])}")
     return "\n".join(lines)
+
+
+def skipped_updates_line(entry: dict[str, int]) -> str:
+    """The run summary's ``skipped_nonfinite_updates`` entry as a line.
+
+    Example:
+        >>> skipped_updates_line({"skipped": 3, "updates": 30})
+        'skip_nonfinite_updates skipped 3 of 30 updates (NaN or infinite loss or gradients); their batches still count'
+    """
+    return (f"skip_nonfinite_updates skipped {entry['skipped']} of {entry['updates']} updates (NaN or infinite loss "
+            "or gradients); their batches still count")
 
 
 def format_compiled(step: CompiledStep) -> str:
@@ -96,6 +125,8 @@ def format_compiled(step: CompiledStep) -> str:
     flops = f", {step.flops:.4g} FLOPs" if step.flops is not None else ""
     temp = step.memory.get("temp_size")
     memory = f", temp {temp / 2**20:.2f} MiB" if temp is not None else ""
+    attention = f", attention {step.attention}" if step.attention else ""
     plan = ", ".join(step.algorithms) or "no algorithms"
     how = "loaded from the compilation cache" if step.from_cache else "compiled"
-    return f"{how} {step.kind} step at batch {step.batch} in {step.compile_seconds:.2f}s{flops}{memory} ({plan})"
+    return (f"{how} {step.kind} step at batch {step.batch} in {step.compile_seconds:.2f}s{flops}{memory}{attention} "
+            f"({plan})")

@@ -1,96 +1,117 @@
-"""``steps_per_call='auto'``: time a few single steps, then group batches when the host's work dominates a step."""
+"""``steps_per_call='auto'``: group batches when the compiled step's own cost says the host bounds it."""
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["AutoStepsPerCall"]
+__all__ = ["AutoStepsPerCall", "DEVICE_RATES"]
+
+#: Conservative sustained rates per platform, ``(FLOP/s, bytes/s)``: a step's compiled cost over these
+#: estimates the device's share of a step. They are constants, so the estimate (and the choice) is the
+#: same on a quiet machine and a busy one; they only need to tell a step of microseconds from one of
+#: milliseconds, not to be exact.
+DEVICE_RATES: dict[str, tuple[float, float]] = {
+    "cpu": (1e11, 2e10),
+    "gpu": (5e13, 2e12),
+    "cuda": (5e13, 2e12),
+    "rocm": (5e13, 2e12),
+    "tpu": (1e14, 1e12),
+}
 
 
 class AutoStepsPerCall:
-    """Choose how many batches one compiled call runs, from the measured step time.
+    """Choose how many batches one compiled call runs, from the first compiled step's cost analysis.
 
-    After the first step has compiled, a window of ``window`` consecutive single steps is
-    watched without ever waiting for the device: the wall time per batch, and how often the
-    previous step had already finished (``is_ready()``) when the host came to queue the next.
-    A device that is idle by then waits for the host: dispatch and the train loop dominate the
-    step. When that happens for at least ``host_share`` of the window, batches are grouped by the
-    power of two ``K`` that brings one call to about ``target_s`` of wall time (at most
-    ``max_count``), provided the host time the rest of the run saves exceeds ``payback`` times the
-    single step's compile time (a group is one more compile); otherwise the run stays per step.
-    On CPU grouped steps are bit-identical to single ones, so the choice changes speed only. The
-    choice is made once per trainer and kept in ``state.run_summary['steps_per_call']``.
+    The rule is a pure function of what XLA reports for the compiled step (its FLOPs and bytes
+    accessed), the platform and the number of batches left, never of a wall-clock measurement,
+    so the same job makes the same choice on a quiet machine and a busy one, and every process of
+    a job the same choice. The device's share of a step is estimated as
+    ``max(flops / flop_rate, bytes / byte_rate)`` with the platform's conservative rates
+    (:data:`DEVICE_RATES`). When that is at most ``max_step_s`` (1 ms), the fixed per-batch host
+    work (dispatch and the train loop, about ``host_step_s`` = 0.1 ms) is a real share of the
+    step, so batches are grouped by the largest power of two ``K`` at most ``max_count`` with
+    ``K * max(estimate, host_step_s) <= target_s`` (one call of about 20 ms), provided at least
+    ``min_remaining`` batches are left to repay compiling the group. Otherwise the run stays per
+    step. On CPU grouped steps are bit-identical to single ones, so the choice changes speed only.
+    The choice is made once per trainer, at the first compiled train step, and kept in
+    ``state.run_summary['steps_per_call']`` with the reason.
 
     Args:
-        window: single steps watched.
-        target_s: wall seconds one grouped call should take.
+        target_s: the wall time one grouped call is sized for.
         max_count: the most batches per call (bounded, so compiles stay few).
-        host_share: the share of steps the device was idle waiting for from which grouping pays.
-        payback: how many times its compile time grouping must save over the rest of the run.
+        max_step_s: the largest estimated device time per step that is still grouped.
+        host_step_s: the per-batch host work grouping saves, as a floor on a step's time.
+        min_remaining: the fewest batches left for which one more compile pays.
+        rates: ``{platform: (FLOP/s, bytes/s)}`` overriding :data:`DEVICE_RATES`.
 
     Example:
         >>> auto = AutoStepsPerCall()
-        >>> auto.choose(seconds_per_step=2e-4, host_share=0.9, remaining=10_000, compile_seconds=0.5)
+        >>> auto.choose(flops=1e5, bytes_accessed=1.2e5, platform="cpu", remaining=20_000)[0]
         32
-        >>> auto.choose(seconds_per_step=2e-3, host_share=0.9, remaining=10_000, compile_seconds=0.5)
-        8
-        >>> auto.choose(seconds_per_step=0.02, host_share=0.1, remaining=10_000, compile_seconds=0.5)
+        >>> auto.choose(flops=8e7, bytes_accessed=1e6, platform="cpu", remaining=20_000)[0]
+        16
+        >>> auto.choose(flops=4.2e8, bytes_accessed=4.2e7, platform="cpu", remaining=20_000)[0]
+        1
+        >>> auto.choose(flops=1e5, bytes_accessed=1.2e5, platform="cpu", remaining=100)[0]
         1
     """
 
-    def __init__(self, window: int = 8, target_s: float = 0.02, max_count: int = 32, host_share: float = 0.5,
-                 payback: float = 2.0) -> None:
-        self.window, self.target_s, self.max_count, self.host_share = window, target_s, max_count, host_share
-        self.payback = payback
+    def __init__(self, target_s: float = 0.02, max_count: int = 32, max_step_s: float = 1e-3,
+                 host_step_s: float = 1e-4, min_remaining: int = 2048,
+                 rates: dict[str, tuple[float, float]] | None = None) -> None:
+        self.target_s, self.max_count, self.max_step_s = target_s, max_count, max_step_s
+        self.host_step_s, self.min_remaining = host_step_s, min_remaining
+        self.rates = {**DEVICE_RATES, **(rates or {})}
         self.count: int | None = None  # None until decided
-        self.reason: str | None = None  # why it was decided without measuring (decline)
-        self.measured: tuple[float, float] = (0.0, 0.0)  # seconds per step, the share of steps the device idled
-        self._idle: list[bool] = []
-        self._start: float | None = None
-        self._compiles = -1
+        self.reason: str | None = None
 
-    def choose(self, seconds_per_step: float, host_share: float, remaining: int, compile_seconds: float) -> int:
-        """The batches per call for these measurements (1: no grouping)."""
-        if host_share < self.host_share or seconds_per_step <= 0:
-            return 1
+    def estimate(self, flops: float | None, bytes_accessed: float | None, platform: str) -> float | None:
+        """Estimated device seconds of one step from its compiled cost (None: no cost analysis or rates)."""
+        rates = self.rates.get(platform)
+        if rates is None or flops is None:
+            return None
+        flop_rate, byte_rate = rates
+        return max(flops / flop_rate, (bytes_accessed or 0.0) / byte_rate)
+
+    def choose(self, flops: float | None, bytes_accessed: float | None, platform: str,
+               remaining: int) -> tuple[int, str]:
+        """``(batches per call, why)`` for a step of this compiled cost with ``remaining`` batches left."""
+        seconds = self.estimate(flops, bytes_accessed, platform)
+        if seconds is None:
+            return 1, f"no cost analysis of the step on {platform}"
+        work = f"a step's compiled cost is about {seconds * 1e3:.3g} ms of device work ({flops:.3g} FLOPs"
+        work += f", {bytes_accessed:.3g} bytes)" if bytes_accessed is not None else ")"
+        if seconds > self.max_step_s:
+            return 1, f"{work}: over {self.max_step_s * 1e3:g} ms, the device bounds it"
+        if remaining < self.min_remaining:
+            return 1, f"{remaining} batches left: fewer than {self.min_remaining} do not repay compiling a group"
+        floor = max(seconds, self.host_step_s)
         count = 1
-        while count * 2 <= self.max_count and count * 2 * seconds_per_step <= self.target_s:
+        while count * 2 <= self.max_count and count * 2 * floor <= self.target_s:
             count *= 2
-        saved = remaining * host_share * seconds_per_step * (1 - 1 / count)
-        return count if count > 1 and saved > self.payback * compile_seconds else 1
+        if count == 1:
+            return 1, f"{work}: one step already fills a {self.target_s * 1e3:g} ms call"
+        return count, f"{work}: the host bounds it; {count} steps fill a call of about {self.target_s * 1e3:g} ms"
 
-    def observe(self, state: Any, started: float, previous_done: bool) -> None:
-        """A step began at ``started``, the one before it finished by then (or not); decide after a window."""
-        if self.count is not None:
-            return
-        if state.compile_count != self._compiles:  # a compile restarts the window (its step is not typical)
-            self._compiles, self._idle, self._start = state.compile_count, [], None
-            return
-        if self._start is None:
-            self._start = started
-            return
-        self._idle.append(previous_done)
-        if len(self._idle) < self.window:
-            return
-        per_step = (started - self._start) / len(self._idle)
-        share = sum(self._idle) / len(self._idle)
+    def decide(self, state: Any, record: Any, platform: str) -> int:
+        """Decide from the first compiled train step's ``record`` (a ``CompiledStep``); kept in the run summary."""
         total = state.batches_in_duration()
         remaining = max(0, total - state.timestamp.counts.batch) if total else 0
-        compiles = [record.compile_seconds for record in state.compiled_steps if record.kind == "train"]
-        self.measured = (per_step, share)
-        self.count = self.choose(per_step, share, remaining, compiles[-1] if compiles else 0.0)
-        state.run_summary["steps_per_call"] = {"chosen": self.count, "step_ms": round(per_step * 1e3, 4),
-                                               "host_share": round(share, 3)}
+        self.count, self.reason = self.choose(record.flops, record.bytes_accessed, platform, remaining)
+        seconds = self.estimate(record.flops, record.bytes_accessed, platform)
+        state.run_summary["steps_per_call"] = {
+            "chosen": self.count, "reason": self.reason, "flops": record.flops,
+            "bytes_accessed": record.bytes_accessed,
+            "estimated_step_ms": None if seconds is None else round(seconds * 1e3, 6),
+        }
+        return self.count
 
     def decline(self, state: Any, reason: str) -> None:
-        """Decide for one batch per call without measuring, for ``reason`` (kept in the run summary)."""
+        """Decide for one batch per call without estimating, for ``reason`` (kept in the run summary)."""
         self.count, self.reason = 1, reason
-        state.run_summary["steps_per_call"] = {"chosen": 1, "step_ms": None, "host_share": None, "reason": reason}
+        state.run_summary["steps_per_call"] = {"chosen": 1, "reason": reason, "flops": None, "bytes_accessed": None,
+                                               "estimated_step_ms": None}
 
     def describe(self) -> str:
         """One line for the run's output, once decided."""
-        if self.reason:
-            return f"steps_per_call='auto': {self.count} per call ({self.reason})"
-        per_step, share = self.measured
-        return (f"steps_per_call='auto': {self.count} per call (a step took {per_step * 1e3:.3g} ms; the device "
-                f"waited for the host at {share:.0%} of them)")
+        return f"steps_per_call='auto': {self.count} per call ({self.reason})"

@@ -31,6 +31,7 @@ from composerjax.trainer.checkpoint_checks import (
     checksums,
     first_line,
 )
+from composerjax.trainer.checkpoint_cleanup import FailedSaves
 from composerjax.trainer.checkpoint_load import MODEL_KEYS, ArrayPlan, LoadOptions, load_into
 from composerjax.trainer.checkpoint_storage import storage_for
 from composerjax.trainer.checkpoint_writer import (
@@ -183,6 +184,7 @@ class Checkpointer:
         # The remote save to upload once orbax has written it (name, record), and why the last upload failed.
         self._to_upload: tuple[str, dict[str, Any]] | None = None
         self._upload_error: BaseException | None = None
+        self._failed = FailedSaves(self.store.staging)  # their temporary folders are removed
         if owner is not None and dist.is_process_zero():
             self._owner = OwnerLock.acquire(self.store.staging, owner)
         try:
@@ -318,6 +320,7 @@ class Checkpointer:
                 dist.barrier("composerjax-checkpoint-upload")
         except Exception as error:
             self._to_upload = None
+            self._failed.discard(self.writer, name)
             raise CheckpointSaveError(f"checkpoint {name} not saved in {self.folder!r}: {first_line(error)}") \
                 from None
         finally:
@@ -405,6 +408,7 @@ class Checkpointer:
         reason = first_line(error) if error is not None else (
             f"its upload failed: {first_line(self._upload_error)}" if self._upload_error is not None else
             "it is not in the folder after the write finished")
+        self._failed.discard(self.writer, pending.name)
         raise CheckpointSaveError(f"checkpoint {pending.name} was not saved in {self.folder!r}: {reason}") from None
 
     def _after_save(self, pending: _Pending) -> None:
@@ -571,6 +575,7 @@ class Checkpointer:
                 call_with_timeout(self.writer.close, timeout_s, "orbax's checkpoint writer did not close")
             except Exception:  # noqa: S110 - the save's own error (above) is the one to report
                 pass
+            self._failed.discard_again(self.writer)
             if self._owner is not None:
                 self._owner.release()
                 self._owner = None

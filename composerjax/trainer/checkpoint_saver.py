@@ -7,20 +7,22 @@ INIT; :func:`save_now` is ``Trainer.save_checkpoint``.
 from __future__ import annotations
 
 import os
-import sys
 import tempfile
 from typing import Any
 
 from composerjax.core.callback import Callback
-from composerjax.core.state import State
+from composerjax.core.state import ResumePoint, State
 from composerjax.core.time import Time, Timestamp, TimeUnit
+from composerjax.core.timestamp import UNIT_FIELDS
+from composerjax.parallel import dist
 from composerjax.trainer.checkpoint import Checkpointer, CheckpointSaveError
 from composerjax.trainer.checkpoint_load import LoadOptions
 from composerjax.trainer.checkpoint_storage import is_remote, storage_for
 from composerjax.trainer.checkpoint_writer import check_template, format_name, read_info, resolve_pointer
+from composerjax.trainer.console import print_error
 
 __all__ = ["CheckpointSaver", "ABANDON_SAVE_TIMEOUT_S", "DEFAULT_FILENAME", "DEFAULT_LATEST", "checkpoint_location",
-           "load_at_start", "refuse_old_checkpoints", "save_now"]
+           "load_at_start", "refuse_old_checkpoints", "resumed", "save_now"]
 
 #: The name template of checkpoints (``save_filename``): Composer's ``'ep{epoch}-ba{batch}-rank{rank}.pt'``
 #: without the rank (every process writes its part of one orbax folder) or a file extension (a folder).
@@ -244,10 +246,10 @@ class CheckpointSaver(Callback):
         try:
             checkpointer.close(timeout_s=ABANDON_SAVE_TIMEOUT_S)
             if pending is not None:
-                _print_error(f"composerjax: fit failed ({type(error).__name__}); checkpoint {pending}, in flight, was "
+                print_error(f"composerjax: fit failed ({type(error).__name__}); checkpoint {pending}, in flight, was "
                              f"finished and verified in {checkpointer.folder}")
         except CheckpointSaveError as save_error:
-            _print_error(f"composerjax: fit failed ({type(error).__name__}); and {save_error}")
+            print_error(f"composerjax: fit failed ({type(error).__name__}); and {save_error}")
 
     def close(self, state: State, logger: Any) -> None:
         if self.checkpointer is not None:
@@ -265,11 +267,6 @@ def _save_interval(value: Time | str | int) -> Time:
         raise ValueError(f"save_interval={value!r}: expected a positive number of epochs or batches, e.g. "
                          "'1ep' or '500ba'")
     return interval
-
-
-def _print_error(text: str) -> None:
-    """One line on stderr, flushed (reports that must come before an error's traceback)."""
-    print(text, file=sys.stderr, flush=True)
 
 
 def refuse_old_checkpoints(checkpointer: Checkpointer) -> None:
@@ -325,8 +322,9 @@ def load_at_start(trainer: Any, report: Any = None) -> int | None:
     strict = arguments.get("load_strict_model_weights", True)
     checkpointer = trainer.checkpointer
     if arguments.get("autoresume") and checkpointer is not None and checkpointer.checkpoints():
-        return checkpointer.restore_newest_valid(trainer.state, "save_folder", report=report,
-                                                 options=LoadOptions(strict_model_weights=strict))
+        batch = checkpointer.restore_newest_valid(trainer.state, "save_folder", report=report,
+                                                  options=LoadOptions(strict_model_weights=strict))
+        return resumed(trainer.state, checkpointer, batch, "autoresume")
     load_path = arguments.get("load_path")
     if load_path is None:
         return None
@@ -337,10 +335,46 @@ def load_at_start(trainer: Any, report: Any = None) -> int | None:
     loader = Checkpointer(folder, async_save=False)
     try:
         if name is None:
-            return loader.restore_newest_valid(trainer.state, "load_path", report=report, options=options)
-        return loader.restore(trainer.state, name, field="load_path", options=options)
+            batch = loader.restore_newest_valid(trainer.state, "load_path", report=report, options=options)
+        else:
+            batch = loader.restore(trainer.state, name, field="load_path", options=options)
+        return batch if options.weights_only else resumed(trainer.state, loader, batch, "load_path")
     finally:
         loader.close()
+
+
+def resumed(state: State, checkpointer: Checkpointer, batch: int, how: str) -> int:
+    """Record and say that the run continues from the checkpoint ``checkpointer`` just loaded in full; ``batch``.
+
+    Sets ``state.resumed_from`` (plugins cut their files back to ``batch`` at ``AFTER_LOAD``) and
+    prints, on process 0, ``"<how>: resumed from <checkpoint> at batch <batch>"``, and when the
+    checkpoint already reaches ``max_duration``, a line saying that ``fit()`` has nothing left to
+    train and why (``max_duration`` is the whole run's length, not batches added to the checkpoint's).
+
+    Example::
+
+        resumed(trainer.state, trainer.checkpointer, 40, "autoresume")  # autoresume: resumed from ... at batch 40
+    """
+    # restore() leaves the loaded checkpoint's folder in last_saved_path (named as in the save folder).
+    name = os.path.basename(os.path.normpath(checkpointer.last_saved_path))
+    checkpoint = f"{checkpointer.folder.rstrip('/')}/{name}" if is_remote(checkpointer.folder) else os.path.join(
+        checkpointer.folder, name)
+    state.resumed_from = ResumePoint(checkpoint, batch)
+    if not dist.is_process_zero():
+        return batch
+    shown = checkpoint
+    if not is_remote(checkpoint) and not os.path.relpath(checkpoint).startswith(os.pardir):
+        shown = os.path.relpath(checkpoint)
+    print(f"{how}: resumed from {shown} at batch {batch}", flush=True)
+    duration = state.max_duration
+    if duration is not None:
+        reached = getattr(state.timestamp.counts, UNIT_FIELDS[duration.unit])
+        if reached >= duration.value:
+            print(f"{how}: max_duration={duration} is already reached ({reached}{duration.unit.value} at this "
+                  f"checkpoint), so fit() trains no batch: max_duration is the length of the whole run, counted "
+                  f"from its first batch, not more training after the checkpoint; set it above {reached}"
+                  f"{duration.unit.value} to train more", flush=True)
+    return batch
 
 
 def save_now(trainer: Any, name: str = DEFAULT_FILENAME, weights_only: bool = False) -> str:

@@ -71,15 +71,19 @@ class OwnerLock:
 
         Raises:
             SaveFolderInUseError: another live process holds it (the message names its owner).
-            CheckpointSaveError: the owner file cannot be written.
+            CheckpointSaveError: the folder cannot be created or the owner file cannot be written (the message
+                names save_folder).
         """
         with cls._guard:
             if folder in cls._held:
                 cls._held[folder][1] += 1
                 return cls(folder)
-            os.makedirs(folder, exist_ok=True)
             path = os.path.join(folder, OWNER_FILE)
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                os.makedirs(folder, exist_ok=True)
+                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError as error:  # read-only, no permission, a file on the way: the folder is unusable
+                raise CheckpointSaveError(_unwritable(folder, error)) from error
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as error:
@@ -98,7 +102,7 @@ class OwnerLock:
                 os.pwrite(fd, record.encode(), 0)
             except OSError as error:
                 os.close(fd)
-                raise CheckpointSaveError(f"save_folder={folder!r} cannot be written: {error}") from error
+                raise CheckpointSaveError(_unwritable(folder, error)) from error
             cls._held[folder] = [fd, 1]
             return cls(folder)
 
@@ -112,6 +116,12 @@ class OwnerLock:
             if entry[1] == 0:
                 del self._held[self.folder]
                 os.close(entry[0])  # closing the last descriptor drops the flock
+
+
+def _unwritable(folder: str, error: OSError) -> str:
+    """The message for a save folder this process cannot create or write into."""
+    return (f"save_folder={folder!r} cannot be written ({first_line(error)}); expected a folder this process can "
+            "create and write files in: pass a writable save_folder, or save_folder=None to save no checkpoints")
 
 
 class SwitchInterval:

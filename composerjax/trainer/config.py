@@ -226,13 +226,22 @@ def load_config(source: str | os.PathLike[str] | dict[str, Any], overrides: Sequ
         values = recipe.normalise(values)  # components as {name: ..., **hparams}, so override paths have one shape
     problems = []
     for override in overrides:
+        # Each on a copy: a bad one leaves nothing half-set, and the rest still apply, so every problem of
+        # the overrides and of the recipe they give is listed at once.
+        trial = copy.deepcopy(values) if isinstance(values, dict) else values
         try:
-            recipe.apply_override(values, override)
+            recipe.apply_override(trial, override)
         except ValueError as error:
             problems.append(str(error))
-    if problems:
-        raise ConfigError(problems, name)
-    return TrainerConfig.from_dict(values, name)
+        else:
+            values = trial
+    if not problems:
+        return TrainerConfig.from_dict(values, name)
+    try:
+        TrainerConfig.from_dict(values, name)
+    except ConfigError as error:
+        problems += error.problems
+    raise ConfigError(problems, name)
 
 
 def _pydantic_problems(errors: list[Any]) -> list[str]:
@@ -258,14 +267,30 @@ def _pydantic_problem(error: dict[str, Any]) -> str:
     if isinstance(value, dict) and len(shown) > 80:  # a whole component: its fields have their own problems
         shown = ""
     hint = ""
-    if error.get("type") == "extra_forbidden" and len(error["loc"]) == 1:  # an unknown top-level setting
-        import difflib
+    if error.get("type") == "extra_forbidden":  # an unknown setting, at the top level or in a section
+        from composerjax.registry import did_you_mean
+        from composerjax.trainer.composer_arguments import INSTEAD
 
-        known = list(TrainerConfig.model_fields)
-        close = difflib.get_close_matches(str(error["loc"][0]), known, n=3)
-        hint = (f"; did you mean {', '.join(map(repr, close))}?" if close
-                else f"; accepted: {', '.join(known)}")
+        known = _fields_at(error["loc"][:-1])
+        name = str(error["loc"][-1])
+        if len(error["loc"]) == 1 and name in INSTEAD:  # Composer's Trainer argument: say what to use here
+            hint = f"; {name} is Composer's argument; here use {INSTEAD[name].replace('`', '')}"
+        elif known:
+            hint = did_you_mean(name, known)
     return f"{loc or '(top level)'}: {error['msg']}{shown}{hint}"
+
+
+def _fields_at(loc: Sequence[Any]) -> list[str]:
+    """The field names of the recipe's model at ``loc`` (``()``: the top level; ``('schedule',)``); [] if unknown."""
+    model: Any = TrainerConfig
+    for part in loc:
+        field = getattr(model, "model_fields", {}).get(part)
+        members = typing.get_args(field.annotation) if field is not None else ()
+        model = next((member for member in (field.annotation if field else None, *members)
+                      if isinstance(member, type) and issubclass(member, BaseModel)), None)
+        if model is None:
+            return []
+    return list(model.model_fields)
 
 
 # -- building --------------------------------------------------------------------------------------

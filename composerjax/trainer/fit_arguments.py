@@ -167,6 +167,7 @@ def apply_fit_arguments(trainer: Any, duration: Any, train_dataloader: Any, rese
     if eval_dataloader is not None or eval_interval is not None:
         given = eval_dataloader if eval_dataloader is not None else (list(state.evaluators) or None)
         set_evaluators(trainer, given, eval_interval, eval_subset_num_batches, replace_interval=True)
+    trainer.nonfinite_loss.start_fit()  # the batches before this fit (or before reset_time) are not its to check
 
 
 def log_run_summary(trainer: Any) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -32,8 +33,10 @@ class PendingLogs:
     transfer never stalls the device queue.
     """
 
-    def __init__(self, logger: Any, log_interval: int) -> None:
+    def __init__(self, logger: Any, log_interval: int, on_loss: Callable[[int, float], None] | None = None) -> None:
         self.logger, self.log_interval = logger, log_interval
+        #: Called with each fetched ``(batch, loss)``: the non-finite loss check reads what is fetched anyway.
+        self.on_loss = on_loss
         self._pending: list[tuple[int, Any, Any, int | None]] = []
 
     def add(self, batch: int, loss: Any, metrics: Any, group: int | None = None) -> None:
@@ -49,11 +52,14 @@ class PendingLogs:
         count = len(self._pending) if count is None else count
         pending, self._pending = self._pending[:count], self._pending[count:]
         values = jax.device_get([(loss, metrics) for _, loss, metrics, _ in pending])
+        on_loss = self.on_loss
         for (batch, _, _, group), (loss, metrics) in zip(pending, values):
             rows = [(batch, loss, metrics)] if group is None else [
                 (batch + i, loss[i], {name: value[i] for name, value in metrics.items()}) for i in range(group)]
             for step, step_loss, step_metrics in rows:
                 row = {"loss/train/total": float(step_loss)}
+                if on_loss is not None:
+                    on_loss(step, row["loss/train/total"])
                 row.update({name if name.startswith("metrics/") else f"train/{name}": float(np.mean(value))
                             for name, value in step_metrics.items()})
                 self.logger.log_metrics(row, step=step)
@@ -179,6 +185,7 @@ class FitLoop:
     def end_fit(self) -> None:
         self.close()
         self.pending.flush()
+        self.trainer.nonfinite_loss.end_fit(self.runner.skipped_updates)  # fetches the last loss only if unlogged
         self.stop()  # a signal that came during the last batch or the flush still counts
         state = self.state
         # The first step donated the arrays the user's module held: give it the trained ones back
@@ -216,21 +223,27 @@ class FitLoop:
         # The prefetched device copy, unless a host event (AFTER_DATALOADER) replaced the batch.
         device = placed[1] if placed is not None and placed[0] is state.batch else None
         self._placed = None
-        auto = self.auto
-        if auto is not None and auto.count is None:
-            # Whether the device already finished the previous step (it waits for the host): never waits.
-            ready = getattr(state.loss, "is_ready", None)
-            if self.runner.builder.convolving:
-                auto.decline(state, "the step convolves: on CPU a convolution in a loop is slow")
-            else:
-                auto.observe(state, start, ready is not None and ready())
-            if auto.count is not None and self.trainer.run_summary:
-                self.runner.report(auto.describe())
         samples, state.loss, state.step_metrics = self.runner.train_batch(state.batch, device, plan)
         if self.trainer.logger.destinations:
             self.pending.add(state.timestamp.counts.batch + 1, state.loss, state.step_metrics)
         state.previous_timestamp = state.timestamp
         state.timestamp = state.timestamp.to_next_batch(samples, tokens, time.perf_counter() - start)
+        auto = self.auto
+        if auto is not None and auto.count is None:
+            self._decide_grouping(auto)
+
+    def _decide_grouping(self, auto: Any) -> None:
+        """'auto': decide from the first compiled train step's cost analysis (no timing), and say so."""
+        state = self.state
+        records = [record for record in state.compiled_steps if record.kind == "train"]
+        if not records:
+            return
+        if self.runner.builder.convolving:
+            auto.decline(state, "the step convolves: on CPU a convolution in a loop is slow")
+        else:
+            auto.decide(state, records[0], self.runner.mesh.devices.flat[0].platform)
+        if self.trainer.run_summary:
+            self.runner.report(auto.describe())
 
     # -- several batches per call ----------------------------------------------------------------
     def group(self) -> int:

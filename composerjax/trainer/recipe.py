@@ -245,7 +245,10 @@ def check_components(values: dict[str, Any]) -> list[str]:
             for item in error.errors():
                 value = item.get("input")
                 got = "" if isinstance(value, dict) else f" (got {value!r})"
-                problems.append(f"{label}.{loc(item['loc'])}: {item['msg']}{got}")
+                hint = ""
+                if item.get("type") == "extra_forbidden" and len(item["loc"]) == 1:  # a misspelt hyperparameter
+                    hint = registry.did_you_mean(str(item["loc"][0]), registry.hparam_names(factory))
+                problems.append(f"{label}.{loc(item['loc'])}: {item['msg']}{got}{hint}")
             continue
         if kind in ("algorithms", "callbacks"):
             # Their own checks (ranges, combinations) run in __init__, which is cheap and has no side effects.
@@ -327,9 +330,16 @@ def _check_optimizer(optimizer: dict[str, Any]) -> list[str]:
         close = difflib.get_close_matches(str(name), OPTIMIZERS, n=3)
         hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
         return [f"optimizer.name: unknown optimizer {name!r}{hint} Accepted: {', '.join(OPTIMIZERS)}"]
+    from composerjax.registry import did_you_mean
+
     accepted = set(inspect.signature(getattr(optax, name)).parameters) - {"learning_rate"}
-    problems = [f"optimizer.{key}: optax.{name} has no argument {key!r}; accepted: {', '.join(sorted(accepted))}"
-                for key in optimizer if key not in ("name", "lr") and key not in accepted]
+    problems = []
+    for key in optimizer:
+        if key not in ("name", "lr") and key not in accepted:
+            close = did_you_mean(str(key), sorted(accepted))
+            close = f"{close} Accepted:" if "did you mean" in close else "; accepted:"
+            problems.append(f"optimizer.{key}: optax.{name} has no argument {key!r}{close} "
+                            f"{', '.join(sorted(accepted))}")
     # Extra arguments go to optax untyped: a NaN or infinite one would make every update NaN, silently.
     problems += [f"optimizer.{key}: expected a finite number (got {value!r})" for key, value in optimizer.items()
                  if key in accepted and isinstance(value, float) and not math.isfinite(value)]

@@ -119,7 +119,7 @@ def _hints(init: Callable[..., Any]) -> dict[str, Any]:
     """
     namespace = {"Time": Time, "TimeUnit": TimeUnit, "Any": Any, "Literal": typing.Literal,
                  "Callable": collections.abc.Callable, "Iterable": collections.abc.Iterable,
-                 "Sequence": collections.abc.Sequence, **getattr(init, "__globals__", {})}
+                 "Sequence": collections.abc.Sequence, **getattr(inspect.unwrap(init), "__globals__", {})}
     hints = {}
     for name, annotation in getattr(init, "__annotations__", {}).items():
         if isinstance(annotation, str):

@@ -62,8 +62,10 @@ class SignalHandler(Callback):
     The Trainer installs one unless ``handle_signals=False``. The handlers are installed at
     ``FIT_START`` (main thread only) and restored at ``FIT_END`` or when ``fit`` fails. At
     ``FIT_END`` (after the checkpoint saver has saved and verified the last checkpoint) it closes
-    the trainer and raises :class:`~composerjax.trainer.interrupt.TrainingInterrupted`, whose exit
-    status is ``128 + signal``. A second signal while stopping interrupts at once.
+    the trainer, so every logger writes out what it was given and the trackers end their runs as
+    interrupted (MLflow ``KILLED``, W&B exit code ``128 + signal``), and raises
+    :class:`~composerjax.trainer.interrupt.TrainingInterrupted`, whose exit status is ``128 + signal``.
+    A second signal while stopping interrupts at once.
 
     Example::
 
@@ -120,8 +122,13 @@ class SignalHandler(Callback):
             _print(f"{name}: saved checkpoint {saved} in {checkpointer.folder}; exiting with status {128 + signum}")
         else:
             _print(f"{name}: no save_folder, so no checkpoint; exiting with status {128 + signum}")
-        self._trainer.close()
-        raise TrainingInterrupted(signum, saved_batch=saved)
+        try:
+            raise TrainingInterrupted(signum, saved_batch=saved)
+        except TrainingInterrupted:
+            # Closed while the interruption is being raised: the trackers flush what they were given
+            # and record the run as interrupted (MLflow KILLED, W&B exit code 128 + signal).
+            self._trainer.close()
+            raise
 
     def fit_error(self, state: State, logger: Any, error: BaseException) -> None:
         self.restore()

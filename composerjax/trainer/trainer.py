@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Literal
@@ -30,16 +29,21 @@ from composerjax.parallel.strategy import ParallelismConfig, config_for, resolve
 from composerjax.step.compile_cache import enable_compilation_cache
 from composerjax.step.precision import compute_dtype
 from composerjax.step.runner import StepRunner, default_memory_budget
+from composerjax.trainer import exit_hook
 from composerjax.trainer.auto_grouping import AutoStepsPerCall
 from composerjax.trainer.builtins import install_builtins
 from composerjax.trainer.checkpoint_saver import load_at_start, refuse_old_checkpoints, save_now
+from composerjax.trainer.composer_arguments import refuse_unknown_arguments
+from composerjax.trainer.console import print_error, print_line
 from composerjax.trainer.fit_arguments import apply_fit_arguments, apply_schedulers, log_run_summary, set_evaluators
 from composerjax.trainer.fit_loop import FitLoop, PendingLogs, grouping_blocked_by
 from composerjax.trainer.interrupt import StopDecision, TrainingInterrupted
+from composerjax.trainer.nonfinite_loss import NonFiniteLoss
 from composerjax.trainer.stopping import to_time_limit
 from composerjax.trainer.validation import (
     as_list,
     check_arguments,
+    check_ready_to_fit,
     check_run_length,
     check_seed,
     loader_length,
@@ -78,7 +82,8 @@ class Trainer:
         step_schedulers_every_batch: step schedulers every batch (True, the default with schedulers)
             or at epoch starts only (False).
         loss_fn: for plain modules: ``fn(model, batch)`` or ``fn(model, batch, rng, step)``
-            returning a scalar loss or ``(loss, metrics_dict)``.
+            returning a scalar loss or ``(loss, metrics_dict)``; at eval (its loss and metrics are the eval
+            metrics) ``step`` is None, as ``state.step`` is, and ``rng`` fixed: branch on ``step is None``.
         algorithms: algorithms to compose into training.
         callbacks: callbacks to run at events.
         loggers: logger destinations.
@@ -95,21 +100,17 @@ class Trainer:
         steps_per_call: run this many batches per compiled call whenever nothing needs a
             per-batch view in between (``grouping_blocked_by`` names the plugins that do; no epoch
             end, end of training or plugin's ``next_due`` falls inside the group). ``'auto'`` (the
-            default) times a few single steps after the first compile and groups by up to 32 when
-            the host's work dominates a step and the run is long enough to repay one more compile
-            (``state.run_summary['steps_per_call']`` says what it chose). Each grouped step sees
-            exactly the batch, step number, ``progress`` and ``step_rng`` of the single step; on
-            CPU the results are bit-identical to per-step training (on GPU and TPU, and for steps
-            with convolutions, equal up to rounding: docs/performance.md). Multi-process: per step.
+            default) groups by up to 32 when the first compiled step's cost says it is host-bound
+            (``AutoStepsPerCall``: no clock; ``state.run_summary['steps_per_call']`` says why).
+            A grouped step sees exactly what the single step would; on CPU bit-identical, else
+            equal up to rounding (docs/performance.md). Multi-process: per step.
         device_prefetch: train batches a thread loads and places on the devices ahead of the step
             (0: none), started when producing and placing a batch takes over 1 ms (timed on the
             first batches; a batch sliced from memory goes to the step directly). Results, saved
             loader positions and resumes are the same with and without it.
-        compilation_cache: JAX's persistent compilation cache (a rerun loads compiled programs):
-            True (default) is ``$COMPOSERJAX_CACHE_DIR`` or ``~/.cache/composerjax/jax``, switched on
-            by ``import composerjax`` so building the model is cached too (off from the start with
-            ``COMPOSERJAX_COMPILATION_CACHE=0``); a path picks the folder; False turns it off for the
-            process. JAX's own ``jax_compilation_cache_dir`` wins. Hits are in the run summary.
+        compilation_cache: JAX's persistent compilation cache: True (default) is
+            ``$COMPOSERJAX_CACHE_DIR`` or ``~/.cache/composerjax/jax`` (on from ``import composerjax``;
+            ``COMPOSERJAX_COMPILATION_CACHE=0`` keeps it off); a path picks the folder; False turns it off.
         device_memory_budget: bytes a train step may use, for ``'auto'`` (on GPU/TPU the default
             is 90% of the device's ``bytes_limit``; CPU has no limit to read, so it must be given).
         precision: ``'fp32'``, ``'amp_bf16'`` (bf16 compute, fp32 weights and optimizer state) or
@@ -159,7 +160,10 @@ class Trainer:
             ``save_folder``) and returns with ``trainer.stop_reason == 'time_limit'``.
         skip_nonfinite_updates: inside the compiled step, leave parameters, optimizer, model and
             algorithm state unchanged when the loss or any gradient is NaN or infinite (the
-            batch still counts); ``train/skipped_nonfinite`` is 1.0 for such steps.
+            batch still counts); ``train/skipped_nonfinite`` is 1.0 for such steps; how many were
+            skipped is in ``state.run_summary['skipped_nonfinite_updates']`` (and a line) at fit end.
+        allow_nonfinite_loss: a NaN or infinite loss is expected: no line about the first one
+            (``state.run_summary['nonfinite_loss']`` has it anyway); ``composerjax train`` exits 0, not 3.
         handle_signals: during ``fit``, SIGTERM/SIGINT finish the step, save (with ``save_folder``),
             close plugins and raise :class:`TrainingInterrupted` (exit status ``128 + signal``).
         tokens_per_batch: ``fn(batch) -> int`` counting the tokens of a host batch (e.g.
@@ -188,6 +192,7 @@ class Trainer:
         Time(8, TimeUnit.BATCH)
     """
 
+    @refuse_unknown_arguments  # Composer's names it does not take (device=...) say what to pass instead
     def __init__(
         self,
         model: nnx.Module,
@@ -234,6 +239,7 @@ class Trainer:
         autoresume: bool = False,
         time_limit: Time | str | None = None,
         skip_nonfinite_updates: bool = False,
+        allow_nonfinite_loss: bool = False,
         handle_signals: bool = True,
         device_memory_budget: int | None = None,
         steps_per_call: int | Literal["auto"] = "auto",
@@ -283,7 +289,8 @@ class Trainer:
         self.device_prefetch = device_prefetch
         self.prefetch_threaded: bool | None = None  # decided by timing on the first pass
         self.handle_signals = handle_signals
-        self.pending_logs = PendingLogs(self.logger, log_interval)
+        self.nonfinite_loss = NonFiniteLoss(state, allowed=allow_nonfinite_loss)  # says so once, in the run summary
+        self.pending_logs = PendingLogs(self.logger, log_interval, on_loss=self.nonfinite_loss.see)
         self.stop_reason: str | None = None
         self.stop_decision: StopDecision | None = None
         self._stop_request = StopDecision()
@@ -300,7 +307,7 @@ class Trainer:
                 device_memory_budget = default_memory_budget(self.mesh.devices.flat[0])
             self.runner = StepRunner(state, self.engine, self.logger, loss_fn, self.mesh, strategy,
                                      device_train_microbatch_size, device_memory_budget,
-                                     report=_print if run_summary else None)
+                                     report=print_line if run_summary else None)
             self.engine.run_event(Event.INIT)
             apply_schedulers(self, schedulers, scale_schedule_ratio, step_schedulers_every_batch)
             self.runner.build()
@@ -311,12 +318,13 @@ class Trainer:
             self.engine.run_event(Event.BEFORE_LOAD)
             if self.state.model_changed:  # surgery at BEFORE_LOAD: the loaded weights must land in the new model
                 self.runner.take_model()
-            self.resumed_from = load_at_start(self, report=_print_error)
+            self.resumed_from = load_at_start(self, report=print_error)
             self.engine.run_event(Event.AFTER_LOAD)
         except BaseException:
             if self.checkpointer is not None:
                 self.checkpointer.close()
             raise
+        exit_hook.register(self)  # closed at interpreter exit if nobody closes it
 
     # -- declarative use -------------------------------------------------------------------------
     @classmethod
@@ -396,14 +404,7 @@ class Trainer:
         apply_fit_arguments(self, duration, train_dataloader, reset_time, schedulers, scale_schedule_ratio,
                             step_schedulers_every_batch, eval_dataloader, eval_subset_num_batches, eval_interval,
                             device_train_microbatch_size, precision)
-        if state.dataloader is None:
-            raise ValueError("fit(): train_dataloader is None; pass one to Trainer(...) or fit(...)")
-        if state.max_duration is None:
-            raise ValueError("fit(): max_duration is None; pass max_duration to Trainer or a duration to fit()")
-        # Again here: fit(duration) and a state.max_duration set since __init__ are new run lengths.
-        check_run_length(state.max_duration, batches=state.batches_in_duration(),
-                         counts_tokens=self.tokens_per_batch is not None,
-                         field="duration" if duration is not None else "max_duration", given=duration)
+        check_ready_to_fit(state, counts_tokens=self.tokens_per_batch is not None, duration=duration)
         self.runner.set_total_steps()
         if not self._summarized:
             self._summarized = True
@@ -470,11 +471,21 @@ class Trainer:
         return self.runner.predict(as_batch_iterable(dataloader), subset_num_batches, return_outputs)
 
     # -- shutdown --------------------------------------------------------------------------------
+    def __enter__(self) -> Trainer:
+        """``with Trainer(...) as trainer: trainer.fit()`` closes the trainer (:meth:`close`) when the block ends."""
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()  # while the block's exception (if any) is handled: trackers end their runs as failed
+
     def close(self) -> None:
         """Flush pending logs; close every callback (the saver waits), logger destination and data loader.
 
-        A loader with ``close()`` and ``state_dict()`` (a GrainLoader) stops its workers and keeps its position.
+        Trackers end their runs (failed while an exception is handled, interrupted after SIGTERM/SIGINT); a
+        Trainer never closed is closed at interpreter exit (``composerjax.trainer.exit_hook``). A loader
+        with ``close()`` and ``state_dict()`` (a GrainLoader) stops its workers and keeps its position.
         """
+        exit_hook.forget(self)
         if not self.engine.closed:
             self.pending_logs.flush()
         if self.checkpointer is not None:
@@ -484,17 +495,5 @@ class Trainer:
         for loader in [state.dataloader, *(evaluator.dataloader for evaluator in state.evaluators)]:
             if hasattr(loader, "state_dict") and callable(getattr(loader, "close", None)):
                 loader.close()
-
-
-def _print_error(text: str) -> None:
-    """One line on stderr, flushed (reports that must come before an error's traceback)."""
-    print(text, file=sys.stderr, flush=True)
-
-
-def _print(text: str) -> None:
-    """Print above any active progress bar instead of through it."""
-    from tqdm import tqdm
-
-    tqdm.write(text, file=sys.stdout)
 
 

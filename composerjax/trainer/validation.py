@@ -23,7 +23,7 @@ from typing import Any
 
 from composerjax.core.time import Time, TimeUnit
 
-__all__ = ["MAX_BATCHES", "seed_bounds", "check_seed", "check_run_length", "check_interval"]
+__all__ = ["MAX_BATCHES", "seed_bounds", "check_seed", "check_ready_to_fit", "check_run_length", "check_interval"]
 
 #: The most batches a run can span: the compiled step counts steps (and the steps in
 #: ``max_duration``, for ``state.progress``) in int32.
@@ -62,6 +62,23 @@ def check_seed(seed: Any, field: str = "seed") -> int:
                if high < 2**63 - 1 else "JAX seeds are 64-bit")
         raise ValueError(f"{field}={seed}: {accepted} ({why})")
     return seed
+
+
+def check_ready_to_fit(state: Any, *, counts_tokens: bool, duration: Any = None) -> None:
+    """``fit`` can start: a train loader, and a run length that ends (``duration``: what ``fit`` was given).
+
+    Checked again at each ``fit``: ``fit(duration)`` and a ``state.max_duration`` set since the
+    Trainer was built are new run lengths.
+
+    Raises:
+        ValueError: no train loader, no ``max_duration``, or a run length :func:`check_run_length` refuses.
+    """
+    if state.dataloader is None:
+        raise ValueError("fit(): train_dataloader is None; pass one to Trainer(...) or fit(...)")
+    if state.max_duration is None:
+        raise ValueError("fit(): max_duration is None; pass max_duration to Trainer or a duration to fit()")
+    check_run_length(state.max_duration, batches=state.batches_in_duration(), counts_tokens=counts_tokens,
+                     field="duration" if duration is not None else "max_duration", given=duration)
 
 
 def check_run_length(duration: Time | None, *, batches: int | None, counts_tokens: bool,
@@ -149,7 +166,7 @@ def check_arguments(arguments: dict[str, Any]) -> None:
     if value is not None and not positive_int(value):
         raise ValueError(f"device_memory_budget={value!r}: expected a positive number of bytes")
     for flag in ("save_weights_only", "load_weights_only", "save_overwrite", "autoresume", "skip_nonfinite_updates",
-                 "handle_signals", "auto_log_hparams"):
+                 "allow_nonfinite_loss", "handle_signals", "auto_log_hparams"):
         if flag in arguments and not isinstance(arguments[flag], bool):
             raise ValueError(f"{flag}={arguments[flag]!r}: expected True or False")
     for field in ("load_path", "save_folder"):

@@ -1,13 +1,15 @@
 """TraceRecorder: traces.jsonl and a Chrome/Perfetto timeline of a run with traced and host algorithms."""
 
 import json
+import re
 import time
+from pathlib import Path
 
 import jax.numpy as jnp
 import optax
 import pytest
 
-from composerjax import Algorithm, ArrayLoader, Event, Trainer
+from composerjax import Algorithm, ArrayLoader, Event, Trainer, registry
 from composerjax.callbacks.trace_recorder import TraceRecorder
 
 
@@ -158,3 +160,20 @@ def test_invalid_arguments_name_the_argument():
         TraceRecorder(path=3)
     with pytest.raises(ValueError, match="attach"):
         TraceRecorder().attach(object())
+
+
+def test_the_docs_call_it_a_callback_as_the_registry_does():
+    """One answer everywhere: a callback (registered under callbacks, passed in callbacks=), never 'in the loggers'."""
+    assert registry.callbacks.get("trace_recorder") is TraceRecorder
+    root = Path(__file__).resolve().parents[2]
+    mentions = []
+    for page in [*sorted((root / "docs").glob("*.md")), root / "README.md"]:
+        lines = [line for line in page.read_text().splitlines() if not line.startswith("#")]  # no headings
+        text = " ".join(" ".join(lines).split())
+        for sentence in re.split(r"(?<=[.;])\s|\|", text):  # sentences, and table cells
+            if "TraceRecorder" in sentence or "trace_recorder" in sentence:
+                mentions.append(sentence)
+                assert not re.search(r"\bloggers\b", sentence), f"{page.name}: {sentence}"
+    assert sum("callback" in sentence for sentence in mentions) >= 4
+    docstring = " ".join(TraceRecorder.__doc__.split())
+    assert docstring.startswith("A callback that records") and "loggers=" not in docstring

@@ -135,6 +135,29 @@ def test_eval_returns_values_by_name_for_one_evaluator_and_by_label_for_several(
     assert several["a/MulticlassAccuracy"] == one["MulticlassAccuracy"]
 
 
+class ReadEvalMetrics(Callback):
+    """Composer's way to read evaluation results from a callback: ``state.eval_metrics[label][name]``."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, float]] = []
+
+    def eval_end(self, state, logger):
+        label = state.dataloader_label
+        self.seen.append((label, state.eval_metrics[label]["MulticlassAccuracy"]))
+
+
+def test_state_eval_metrics_is_composers_name_for_the_evaluation_results(classification_arrays,
+                                                                          make_tiny_classifier):
+    reader = ReadEvalMetrics()
+    trainer, _, memory = run(classification_arrays, make_tiny_classifier(), "2ba", callbacks=[reader],
+                             eval_dataloader={"val": val(classification_arrays)}, eval_interval="1ba")
+    accuracies = [value for _, value in memory.data["metrics/val/MulticlassAccuracy"]]
+    assert reader.seen == [("val", accuracies[0]), ("val", accuracies[1])]
+    assert trainer.state.eval_metrics is trainer.state.metrics
+    assert set(trainer.state.eval_metrics) == {"val"}
+    assert set(trainer.state.eval_metrics["val"]) == {"MulticlassAccuracy", "CrossEntropy"}
+
+
 def test_bad_evaluators_name_the_problem(classification_arrays):
     loader = val(classification_arrays)
     with pytest.raises(ValueError, match=r"eval_dataloader: the label\(s\) \['eval'\] name more than one evaluator"):

@@ -1,12 +1,14 @@
 """Tests for composerjax.core.engine: dispatch order, traces, callbacks, plans, passes and shutdown."""
 
 import logging
+import warnings
 from collections import OrderedDict
 
 import pytest
 
 from composerjax.core import DEFAULT_PASSES, Algorithm, Callback, Engine, Event, State, Timestamp, Trace
 from composerjax.core.callback import overridden_events
+from composerjax.core.engine import UndeclaredEventWarning
 from composerjax.loggers import Logger, LoggerDestination
 
 
@@ -560,6 +562,56 @@ def test_check_mode_reports_a_match_outside_the_declared_events(monkeypatch):
     traced = make_engine([Counting({Event.BEFORE_LOSS}, matches={Event.BEFORE_FORWARD})])
     with pytest.raises(RuntimeError, match="at BEFORE_FORWARD"):
         traced.plan([Event.BEFORE_FORWARD, Event.BEFORE_LOSS])
+
+
+FORGETFUL_WARNING = (
+    "Counting.match accepts BATCH_END, PREDICT_END (asked at INIT), which its events=['BEFORE_LOSS'] leave out, so "
+    "it never runs there: add Event.BATCH_END, Event.PREDICT_END to Counting.events "
+    "(COMPOSERJAX_CHECK_EVENTS=0 turns this check off, =1 makes it an error)")
+
+
+def test_init_warns_by_default_about_events_match_accepts_but_events_leave_out(monkeypatch):
+    monkeypatch.delenv("COMPOSERJAX_CHECK_EVENTS")  # the default a user gets (the suite sets it to 1)
+    forgetful = Counting({Event.BEFORE_LOSS}, matches={Event.BEFORE_LOSS, Event.BATCH_END, Event.PREDICT_END})
+    engine = make_engine([forgetful])
+    with pytest.warns(UndeclaredEventWarning) as caught:
+        engine.run_event(Event.INIT)
+    assert [str(warning.message) for warning in caught] == [FORGETFUL_WARNING]
+    # Asked once about every undeclared event at INIT, then never again outside its events.
+    assert sorted(forgetful.asked, key=list(Event).index) == [e for e in Event if e is not Event.BEFORE_LOSS]
+    forgetful.asked.clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        engine.run_event(Event.BATCH_END)
+    assert forgetful.asked == []
+
+
+def test_a_correct_declaration_or_a_match_that_cannot_answer_at_init_gives_no_warning(monkeypatch):
+    monkeypatch.setenv("COMPOSERJAX_CHECK_EVENTS", "warn")
+
+    class NeedsABatch(Algorithm):
+        events = frozenset({Event.BEFORE_LOSS})
+
+        def match(self, event, state):
+            return state.batch[0] is not None  # no batch at INIT: raises there, so it is skipped
+
+    correct = Counting({Event.BEFORE_LOSS, Event.BATCH_END}, matches={Event.BEFORE_LOSS, Event.BATCH_END})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        make_engine([correct, NeedsABatch(), Counting(None, matches=set(Event))]).run_event(Event.INIT)
+
+
+def test_the_init_events_check_is_off_with_0_and_an_error_with_1(monkeypatch):
+    forgetful = Counting({Event.BEFORE_LOSS}, matches={Event.BEFORE_LOSS, Event.BATCH_END, Event.PREDICT_END})
+    monkeypatch.setenv("COMPOSERJAX_CHECK_EVENTS", "0")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        make_engine([forgetful]).run_event(Event.INIT)
+    assert forgetful.asked == []
+    monkeypatch.setenv("COMPOSERJAX_CHECK_EVENTS", "1")
+    with pytest.raises(RuntimeError) as error:
+        make_engine([forgetful]).run_event(Event.INIT)
+    assert str(error.value) == FORGETFUL_WARNING
 
 
 # -- the default match -------------------------------------------------------------------------------

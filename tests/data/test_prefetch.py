@@ -38,7 +38,12 @@ def test_close_puts_the_loader_back_after_the_last_batch_taken():
     loader = array_loader()
     prefetcher = DevicePrefetcher(loader, place=lambda batch: batch, depth=2, start_thread=True)
     first, second = next(prefetcher), next(prefetcher)
-    time.sleep(0.05)  # the thread queues batches 3 and 4 and waits with batch 5: the loader is 3 batches further
+    # The thread queues batches 3 and 4 and waits with batch 5: the loader ends 3 batches further, however
+    # long the thread takes to get there (the deadline only guards against a hang).
+    deadline = time.monotonic() + 120
+    while prefetcher._queue.qsize() < 2 or loader.state_dict()["batch_in_epoch"] < 5:
+        assert time.monotonic() < deadline, loader.state_dict()
+        time.sleep(0.001)
     assert loader.state_dict()["batch_in_epoch"] == 5
     prefetcher.close()
     assert loader.state_dict() == {"epoch": 0, "batch_in_epoch": 2, "seed": 3}
@@ -64,27 +69,29 @@ def test_a_grain_loader_read_ahead_resumes_exactly():
     assert taken + [batch.tolist() for batch in resumed] == every
 
 
-class SlowLoader:
-    """A loader whose every batch costs ``seconds`` of host work."""
+class Clock:
+    """Readings ``step`` seconds apart: the probe reads it before and after each batch, so a batch costs ``step``."""
 
-    def __init__(self, seconds: float, batches: int = 6) -> None:
-        self.seconds, self.batches = seconds, batches
+    def __init__(self, step: float) -> None:
+        self.step, self.now = step, 0.0
 
-    def __iter__(self):
-        for index in range(self.batches):
-            deadline = time.perf_counter() + self.seconds
-            while time.perf_counter() < deadline:
-                pass
-            yield np.full((2,), index)
+    def __call__(self) -> float:
+        self.now += self.step
+        return self.now
+
+
+def batches(count: int = 6) -> list[np.ndarray]:
+    return [np.full((2,), index) for index in range(count)]
 
 
 def test_the_thread_starts_only_when_a_batch_costs_more_than_the_threshold():
-    fast = DevicePrefetcher(SlowLoader(0.0), place=lambda batch: batch, threshold_s=2e-3, probe=3)
+    """The decision is a function of the probe's readings alone: the same readings, the same choice on any machine."""
+    fast = DevicePrefetcher(batches(), place=lambda batch: batch, threshold_s=2e-3, probe=3, clock=Clock(2.0**-10))
     assert [int(item.host[0]) for item in fast] == list(range(6))
-    assert not fast.threaded
-    slow = DevicePrefetcher(SlowLoader(4e-3), place=lambda batch: batch, threshold_s=2e-3, probe=3)
+    assert not fast.threaded and fast._timings == [2.0**-10] * 3  # 0.98 ms
+    slow = DevicePrefetcher(batches(), place=lambda batch: batch, threshold_s=2e-3, probe=3, clock=Clock(2.0**-8))
     assert [int(item.host[0]) for item in slow] == list(range(6))
-    assert slow.threaded
+    assert slow.threaded and slow._timings == [2.0**-8] * 3  # 3.9 ms
     assert slow.position() is None  # a plain iterable keeps no position
 
 

@@ -2,6 +2,8 @@
 
 import json
 import math
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import jax.numpy as jnp
@@ -107,3 +109,40 @@ def test_constructor_validation_names_the_argument():
         FileLogger(3)
     with pytest.raises(TypeError, match="traces='yes'"):
         FileLogger(traces="yes")
+
+
+def test_composers_filename_argument_with_its_name_fields_writes_where_it_says(tmp_path):
+    # Composer's spelling, FileLogger(filename='{run_name}/logs-rank{rank}...'), in a run of its own;
+    # the file is read here, after that process exited.
+    script = (
+        "import numpy as np\n"
+        "from flax import nnx\n"
+        "from composerjax import ArrayLoader, ComposerClassifier, Trainer\n"
+        "from composerjax.loggers import FileLogger\n"
+        "x = np.random.default_rng(0).normal(size=(32, 4)).astype(np.float32)\n"
+        "y = (x[:, 0] > 0).astype(np.int32)\n"
+        "destination = FileLogger(filename='{run_name}/logs-rank{rank}-of-{world_size}.jsonl')\n"
+        "trainer = Trainer(ComposerClassifier(nnx.Linear(4, 2, rngs=nnx.Rngs(0)), 2), ArrayLoader((x, y), 16),\n"
+        "                  max_duration='2ba', loggers=[destination], run_name='my-run', log_interval=1,\n"
+        "                  progress_bar=False)\n"
+        "trainer.fit()\n"
+        "trainer.close()\n"
+        "print(destination.path)\n")
+    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines()[-1] == "my-run/logs-rank0-of-1.jsonl"
+    rows = read_rows(tmp_path / "my-run" / "logs-rank0-of-1.jsonl")
+    assert [row["step"] for row in rows if LOSS in row] == [1, 2]
+
+
+def test_filename_is_paths_composer_name_and_its_fields_are_checked(tmp_path):
+    assert FileLogger(filename=str(tmp_path / "a.jsonl")).path == str(tmp_path / "a.jsonl")
+    with pytest.raises(TypeError, match=r"filename is Composer's name for path; give one of them"):
+        FileLogger("a.jsonl", filename="b.jsonl")
+    with pytest.raises(TypeError, match=r"FileLogger\(filename=3\): expected a file path"):
+        FileLogger(filename=3)
+    with pytest.raises(ValueError, match=r"FileLogger\(filename='\{run\}/x.jsonl'\): unknown field \{run\}; the fields "
+                                         r"are \{run_name\}, \{rank\}, \{local_rank\}, \{node_rank\}, \{world_size\}"):
+        FileLogger(filename="{run}/x.jsonl")
+    with pytest.raises(RuntimeError, match=r"learns \{run_name\} at INIT; outside a Trainer, pass a path without it"):
+        FileLogger(str(tmp_path / "{run_name}.jsonl")).log_metrics({"loss": 1.0}, step=1)

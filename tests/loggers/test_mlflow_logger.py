@@ -265,3 +265,52 @@ def test_a_recipe_names_the_logger_and_its_arguments(store):
     run = MlflowClient(store.uri).get_run(destination.run_id)
     assert (run.info.run_name, run.info.status) == (trainer.state.run_name, "FINISHED")
     assert run.data.params["mlflow_run_id"] == destination.run_id
+
+
+def test_without_a_tracking_uri_the_store_is_mlflows_setting_or_mlflow_db_here(tmp_path, monkeypatch):
+    from composerjax.loggers.mlflow_logger import default_tracking_uri
+
+    monkeypatch.chdir(tmp_path)
+    for name in ("MLFLOW_TRACKING_URI", "DATABRICKS_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    previous = mlflow.get_tracking_uri() if mlflow.is_tracking_uri_set() else None
+    mlflow.set_tracking_uri(None)
+    try:
+        (tmp_path / "mlruns" / "0").mkdir(parents=True)  # MLflow's own default would pick this refused file store
+        (tmp_path / "mlruns" / "0" / "meta.yaml").write_text("experiment_id: '0'\n")
+        assert mlflow.get_tracking_uri() == (tmp_path / "mlruns").as_uri()
+        monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+        with pytest.raises(mlflow.exceptions.MlflowException, match="maintenance mode"):
+            MlflowClient(mlflow.get_tracking_uri()).search_experiments()
+        assert default_tracking_uri() == f"sqlite:///{tmp_path}/mlflow.db"
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://tracking:5000")
+        assert default_tracking_uri() == "http://tracking:5000"
+        monkeypatch.delenv("MLFLOW_TRACKING_URI")
+        mlflow.set_tracking_uri("sqlite:///elsewhere.db")
+        assert default_tracking_uri() == "sqlite:///elsewhere.db"
+        monkeypatch.setenv("DATABRICKS_TOKEN", "token")
+        assert default_tracking_uri() == "databricks"
+    finally:
+        mlflow.set_tracking_uri(previous)
+
+
+def test_a_with_block_ends_the_run_finished_or_failed(store, classification_arrays, make_tiny_classifier):
+    x, y = classification_arrays
+
+    def trainer_logging_to(experiment: str):
+        destination = MLFlowLogger(experiment_name=experiment, tracking_uri=store.uri, log_system_metrics=False)
+        return destination, Trainer(make_tiny_classifier(), ArrayLoader((x, y), batch_size=16), max_duration="3ba",
+                                    optimizers=optax.sgd(0.1), loggers=[destination], log_interval=1,
+                                    progress_bar=False, run_summary=False, run_dir=str(store.tmp / experiment))
+
+    finished, trainer = trainer_logging_to("with-block")
+    with trainer:
+        trainer.fit()
+    failed, trainer = trainer_logging_to("with-block-error")
+    with pytest.raises(KeyError):
+        with trainer:
+            trainer.fit()
+            raise KeyError("after fit")
+    client = MlflowClient(store.uri)
+    assert [client.get_run(d.run_id).info.status for d in (finished, failed)] == ["FINISHED", "FAILED"]
+    assert [[m.step for m in client.get_metric_history(d.run_id, LOSS)] for d in (finished, failed)] == [[1, 2, 3]] * 2

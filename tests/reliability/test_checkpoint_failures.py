@@ -156,11 +156,10 @@ def full_disk(tmp_path):
 
 
 def test_a_save_that_fails_on_a_full_disk_ends_the_run_at_once_with_the_error(full_disk):
-    start = time.monotonic()
-    done = run_script("--save-folder", str(full_disk), "--save-interval", "2ba", "--max-duration", "40ba")
-    elapsed = time.monotonic() - start
+    # orbax's writer threads used to keep the process alive for about 5 minutes: the timeout is a hang guard.
+    done = run_script("--save-folder", str(full_disk), "--save-interval", "2ba", "--max-duration", "40ba",
+                      timeout=240)
     assert done.returncode == 1
-    assert elapsed < 60  # orbax's writer threads used to keep the process alive for about 5 minutes
     last = done.stderr.strip().splitlines()[-1]
     assert "CheckpointSaveError: checkpoint ep0-ba2 was not saved" in done.stderr
     assert "No space left on device" in done.stderr
@@ -170,6 +169,43 @@ def test_a_save_that_fails_on_a_full_disk_ends_the_run_at_once_with_the_error(fu
     assert "Event loop is closed" not in done.stderr
     assert len(done.stderr.splitlines()) < 60, last
     assert steps_in(full_disk) == []
+    # The failed save's half-written folder is gone (it would keep the disk full), listed after the
+    # process exited; what the test put there and the owner marker stay.
+    assert sorted(os.listdir(full_disk)) == [".composerjax-owner", "filler"]
+
+
+@pytest.fixture
+def read_only_folder(tmp_path):
+    """A tmpfs mounted read-only: refused with EROFS even to root (a chmod would not stop root)."""
+    mount = tmp_path / "read-only"
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(mount)], check=True)
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=True)
+
+
+@pytest.mark.parametrize("inside", ["", "run/checkpoints"])
+def test_a_read_only_save_folder_is_refused_naming_save_folder_and_what_it_needs(read_only_folder, inside):
+    folder = str(read_only_folder / inside) if inside else str(read_only_folder)
+    with pytest.raises(CheckpointSaveError) as error:
+        make_trainer(folder, save_interval="3ba")
+    # The first path the kernel refused: the owner file, or the first folder makedirs had to create.
+    failed = os.path.join(folder, ".composerjax-owner") if not inside else str(read_only_folder / "run")
+    assert str(error.value) == (
+        f"save_folder={folder!r} cannot be written (OSError: [Errno 30] Read-only file system: {failed!r}); "
+        "expected a folder this process can create and write files in: pass a writable save_folder, or "
+        "save_folder=None to save no checkpoints")
+
+
+def test_a_save_folder_under_a_file_is_refused_naming_save_folder(tmp_path):
+    (tmp_path / "notes.txt").write_text("a file, not a folder")
+    folder = str(tmp_path / "notes.txt" / "checkpoints")
+    with pytest.raises(CheckpointSaveError, match=r"^save_folder='[^']*/notes.txt/checkpoints' cannot be written "
+                                                  r"\(NotADirectoryError: \[Errno 20\] Not a directory: .*expected a "
+                                                  r"folder this process can create and write files in"):
+        make_trainer(folder, save_interval="3ba")
 
 
 # -- 3. an exception during fit finishes the save in flight -----------------------------------------

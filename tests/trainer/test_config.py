@@ -95,6 +95,48 @@ def test_every_problem_is_listed_at_once_with_its_field_path():
     assert len(problems) == 8, text
 
 
+def test_a_misspelt_hyperparameter_gets_a_did_you_mean_at_every_depth(tmp_path):
+    (tmp_path / "r.yaml").write_text(
+        "model: {name: digits_cnn, num_class: 3}\n"
+        "data: {name: digits}\n"
+        "max_duraton: 2ep\n"
+        "max_duration: 2ep\n"
+        "schedule: {name: cosine, warmpu: 1ep}\n"
+        "optimizer: {name: sgd, lr: 0.1, momentun: 0.9}\n"
+        "algorithms: [{label_smoothing: {smoothng: 0.1}}, {mixup: {alhpa: 0.2}}, {mixup: {zzz: 1}}]\n")
+    with pytest.raises(ConfigError) as caught:
+        load_config(tmp_path / "r.yaml")
+    assert sorted(caught.value.problems) == sorted([
+        "max_duraton: Extra inputs are not permitted (got '2ep'); did you mean 'max_duration'?",
+        "schedule.warmpu: Extra inputs are not permitted (got '1ep'); did you mean 'warmup'?",
+        "model.num_class: Extra inputs are not permitted (got 3); did you mean 'num_classes'?",
+        "algorithms[0].label_smoothing.smoothng: Extra inputs are not permitted (got 0.1); did you mean 'smoothing'?",
+        "algorithms[1].mixup.alhpa: Extra inputs are not permitted (got 0.2); did you mean 'alpha'?",
+        "algorithms[2].mixup.zzz: Extra inputs are not permitted (got 1); accepted: alpha, interpolate_loss, "
+        "input_key, target_key, num_classes",
+        "optimizer.momentun: optax.sgd has no argument 'momentun'; did you mean 'momentum'? Accepted: "
+        "accumulator_dtype, momentum, nesterov",
+    ])
+
+
+def test_a_bad_set_override_does_not_hide_the_other_problems():
+    overrides = ["algorithms.9.smoothing=0.2", "model[0]=1", "algorithms[0].label_smoothing.smoothng=0.2",
+                 "max_duraton=3ba", "optimizer.lr=0.5"]
+    with pytest.raises(ConfigError) as caught:
+        load_config(RECIPE, overrides)
+    assert caught.value.problems == [
+        "--set algorithms.9.smoothing: algorithms has 3 items; no item 9",
+        "--set model[0]: model is a mapping, so it has no item [0]; name the key instead (e.g. model.name)",
+        "max_duraton: Extra inputs are not permitted (got '3ba'); did you mean 'max_duration'?",
+        "algorithms[0].label_smoothing.smoothng: Extra inputs are not permitted (got 0.2); did you mean "
+        "'smoothing'?",
+    ]
+    # A failed override leaves nothing half-set ('newsection' would be an unknown setting of its own).
+    with pytest.raises(ConfigError) as caught:
+        load_config(RECIPE, ["newsection.items[3].x=1", "optimizer.lr=0.5"])
+    assert caught.value.problems == ["--set newsection.items[3].x: newsection.items has 0 items; no item 3"]
+
+
 def test_time_strings_are_checked_at_validation_with_their_field():
     bad = {**RECIPE, "max_duration": "4 epochs", "eval_interval": "xx", "save_interval": "3q",
            "schedule": {"name": "cosine", "warmup": "3sp"}, "time_limit": "2hours"}

@@ -61,8 +61,8 @@ def leaves(trainer: Trainer) -> list[np.ndarray]:
 def test_prefetch_on_off_and_auto_grouping_train_bit_identical_with_a_stochastic_recipe():
     plain, plain_log = train(device_prefetch=0, steps_per_call=1)
     prefetched, prefetched_log = train(device_prefetch=2, steps_per_call=1)
-    # 'auto' as it decides on a host-bound run, told here that grouping always pays (the decision is timing).
-    always = AutoStepsPerCall(window=3, target_s=1.0, max_count=4, host_share=0.0, payback=0.0)
+    # 'auto' on a host-bound step, told that 30 batches repay a group's compile.
+    always = AutoStepsPerCall(target_s=1.0, max_count=4, min_remaining=0)
     grouped, grouped_log = train(device_prefetch=2, steps_per_call="auto", auto=always)
     assert plain.prefetch_threaded is None and prefetched.prefetch_threaded and grouped.prefetch_threaded
     assert grouped.state.run_summary["steps_per_call"]["chosen"] == 4
@@ -104,42 +104,68 @@ def long_run(steps_per_call, **kwargs) -> Trainer:
     return trainer
 
 
-def test_auto_measures_a_host_bound_run_and_groups_it_bit_identically():
-    """A tiny model's step is mostly dispatch: 'auto' groups it, and the trained values do not change."""
+def test_auto_groups_a_host_bound_run_bit_identically():
+    """A tiny model's step is microseconds of device work: 'auto' groups it by 32; the trained values do not change."""
     auto, single = long_run("auto"), long_run(1)
     chosen = auto.state.run_summary["steps_per_call"]
-    assert chosen["host_share"] >= 0.5 and chosen["chosen"] >= 2, chosen
-    assert any(record.batch_shapes[0][0] == chosen["chosen"] for record in auto.state.compiled_steps)
+    record = next(record for record in auto.state.compiled_steps if record.kind == "train")
+    assert chosen["chosen"] == 32, chosen
+    assert chosen["flops"] == record.flops > 0 and chosen["bytes_accessed"] == record.bytes_accessed > 0
+    assert chosen["estimated_step_ms"] == round(max(record.flops / 1e11, record.bytes_accessed / 2e10) * 1e3, 6)
+    assert "the host bounds it; 32 steps fill a call" in chosen["reason"]
+    assert any(record.batch_shapes[0][0] == 32 for record in auto.state.compiled_steps)
     assert auto.state.timestamp.batch == single.state.timestamp.batch == 160
     for a, b in zip(leaves(single), leaves(auto)):
         np.testing.assert_array_equal(a, b)
+
+
+def test_auto_decides_the_same_on_a_busy_machine(monkeypatch):
+    """No clock goes into the choice: a host whose every step seems to take a second decides exactly as a quiet one."""
+    quiet = long_run("auto").state.run_summary["steps_per_call"]
+    ticks = iter(range(10**9))
+    monkeypatch.setattr(time, "perf_counter", lambda: float(next(ticks)))  # every reading a second later
+    busy = long_run("auto").state.run_summary["steps_per_call"]
+    assert busy == quiet and quiet["chosen"] == 32
 
 
 def test_auto_groups_with_the_default_progress_bar_and_run_summary(capsys):
     """The built-ins a new user gets see each batch after the call: they do not keep the run per step."""
     trainer = long_run("auto", progress_bar=True, run_summary=True)
     chosen = trainer.state.run_summary["steps_per_call"]["chosen"]
-    assert chosen >= 2 and trainer.grouping_blocked_by == []
+    assert chosen == 32 and trainer.grouping_blocked_by == []
     assert any(record.batch_shapes[0][0] == chosen for record in trainer.state.compiled_steps)
     assert trainer.state.timestamp.batch == 160
-    assert f"steps_per_call='auto': {chosen} per call" in capsys.readouterr().out
+    assert "steps_per_call='auto': 32 per call (a step's compiled cost is about" in capsys.readouterr().out
 
 
 def test_auto_keeps_a_short_run_per_step():
     """30 batches cannot repay compiling a group: one compile, one batch per call."""
     trainer, _ = train(device_prefetch=2, steps_per_call="auto")
-    assert trainer.state.run_summary["steps_per_call"]["chosen"] == 1
+    chosen = trainer.state.run_summary["steps_per_call"]
+    assert chosen["chosen"] == 1 and chosen["reason"].startswith("29 batches left: fewer than 2048")
     assert trainer.compile_count == 1
 
 
-def test_choose_groups_by_the_power_of_two_that_fills_the_target_when_it_pays():
-    auto = AutoStepsPerCall(target_s=4e-3, max_count=32, host_share=0.5, payback=2.0)
-    assert auto.choose(seconds_per_step=2e-4, host_share=0.9, remaining=10_000, compile_seconds=0.5) == 16
-    assert auto.choose(seconds_per_step=1e-5, host_share=0.9, remaining=10**6, compile_seconds=0.5) == 32  # the cap
-    assert auto.choose(seconds_per_step=2e-4, host_share=0.4, remaining=10**6, compile_seconds=0.5) == 1  # device-bound
-    # 100 batches save 100 * 0.9 * 2e-4 * 15/16 = 0.017 s: less than twice a 0.5 s compile.
-    assert auto.choose(seconds_per_step=2e-4, host_share=0.9, remaining=100, compile_seconds=0.5) == 1
-    assert auto.choose(seconds_per_step=3e-3, host_share=0.9, remaining=10**6, compile_seconds=0.5) == 1  # K=2 > 4 ms
+def test_choose_groups_by_the_power_of_two_that_fills_the_target_when_the_host_bounds_the_step():
+    auto = AutoStepsPerCall(target_s=4e-3, max_count=32, max_step_s=1e-3, host_step_s=1e-4, min_remaining=2048)
+    # A step of 2e5 FLOPs is 2 us on CPU: the 0.1 ms host floor sizes the call, 4 ms / 0.1 ms -> 32 (the cap).
+    assert auto.choose(flops=2e5, bytes_accessed=1e5, platform="cpu", remaining=10_000)[0] == 32
+    # 2e7 FLOPs: 0.2 ms -> 16 steps fill 3.2 ms; 32 would be 6.4 ms.
+    assert auto.choose(flops=2e7, bytes_accessed=1e5, platform="cpu", remaining=10_000)[0] == 16
+    # The bytes bound it: 1.6e7 bytes at 2e10 B/s is 0.8 ms -> 4 steps (3.2 ms).
+    assert auto.choose(flops=1e3, bytes_accessed=1.6e7, platform="cpu", remaining=10_000)[0] == 4
+    # Over 1 ms of device work: the device bounds the step, no group (the medium MLP: 4.2e8 FLOPs).
+    count, reason = auto.choose(flops=4.2e8, bytes_accessed=4.2e7, platform="cpu", remaining=10**6)
+    assert count == 1 and reason.endswith("over 1 ms, the device bounds it")
+    # 3 ms on CPU is 3e11 FLOPs on a GPU's rate: the same cost is small there.
+    assert auto.choose(flops=3e8, bytes_accessed=0, platform="gpu", remaining=10**6)[0] == 32
+    # Too few batches left to repay one more compile; a platform or a step without cost analysis.
+    assert auto.choose(flops=2e5, bytes_accessed=1e5, platform="cpu", remaining=2047) == (
+        1, "2047 batches left: fewer than 2048 do not repay compiling a group")
+    assert auto.choose(flops=None, bytes_accessed=None, platform="cpu", remaining=10**6) == (
+        1, "no cost analysis of the step on cpu")
+    assert auto.choose(flops=2e5, bytes_accessed=1e5, platform="metal", remaining=10**6)[0] == 1
+    assert AutoStepsPerCall(rates={"metal": (1e12, 1e11)}).choose(2e5, 1e5, "metal", 10**6)[0] == 32
 
 
 def conv_run(steps_per_call) -> Trainer:

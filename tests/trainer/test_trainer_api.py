@@ -234,6 +234,46 @@ def test_loss_fn_model_predict_calls_the_module(regression_run):
     np.testing.assert_allclose(np.concatenate(outputs), np.asarray(model(x)), rtol=1e-6, atol=1e-6)
 
 
+def test_at_eval_loss_fn_gets_step_none_so_a_warmed_up_term_can_count_in_full(regression_arrays):
+    # A VAE-style loss: a penalty whose weight warms up with the step in training, in full at eval.
+    x, y = regression_arrays
+    seen = []
+
+    def loss_with_warmed_up_penalty(model, batch, rng, step):
+        seen.append("eval" if step is None else type(step).__name__)
+        error = jnp.mean((model(batch[0]) - batch[1]) ** 2)
+        weight = 1.0 if step is None else jnp.minimum(1.0, step / 100.0)
+        return error + weight * 10.0, {"penalty_weight": jnp.asarray(weight, jnp.float32)}
+
+    trainer = Trainer(nnx.Linear(4, 1, rngs=nnx.Rngs(0)), ArrayLoader((x, y), batch_size=16), max_duration="2ba",
+                      optimizers=optax.sgd(0.0), loss_fn=loss_with_warmed_up_penalty, progress_bar=False,
+                      run_summary=False)
+    trainer.fit()
+    results = trainer.eval(ArrayLoader((x, y), batch_size=64, shuffle=False))
+    model = trainer.state.model
+    expected_error = float(jnp.mean((model(jnp.asarray(x)) - jnp.asarray(y)) ** 2))
+    assert results["penalty_weight"] == 1.0
+    np.testing.assert_allclose(results["loss"], expected_error + 10.0, rtol=1e-5)
+    assert "eval" in seen and seen[0] != "eval"  # traced with a step array in training, None at eval
+    trainer.close()
+
+
+def test_a_loss_fn_doing_arithmetic_on_step_at_eval_is_told_step_is_none(regression_arrays):
+    x, y = regression_arrays
+
+    def annealed(model, batch, rng, step):
+        return jnp.mean((model(batch[0]) - batch[1]) ** 2) * jnp.minimum(1.0, step / 100)
+
+    trainer = Trainer(nnx.Linear(4, 1, rngs=nnx.Rngs(0)), ArrayLoader((x, y), batch_size=16), max_duration="1ba",
+                      loss_fn=annealed, progress_bar=False, run_summary=False)
+    trainer.fit()
+    with pytest.raises(TypeError, match=r"loss_fn='annealed' failed at eval, where it is called with step=None \(no "
+                                        r"optimizer step is taken\): unsupported operand .*NoneType.*Branch on "
+                                        r"`step is None` for the eval loss"):
+        trainer.eval(ArrayLoader((x, y), batch_size=64, shuffle=False))
+    trainer.close()
+
+
 def test_loss_fn_with_three_arguments_is_rejected(regression_arrays):
     def three(model, batch, rng):
         return mse(model, batch)
