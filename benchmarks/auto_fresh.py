@@ -62,7 +62,8 @@ def child(batches: int, which: str) -> None:
     jax.block_until_ready(trainer.state.train_state)
     seconds = time.perf_counter() - start
     chosen = trainer.state.run_summary["steps_per_call"]
-    print(json.dumps({"seconds": seconds, "chosen": chosen["chosen"], "reason": chosen["reason"]}))
+    print(json.dumps({"seconds": seconds, "chosen": chosen["chosen"], "reason": chosen["reason"],
+                      "prefetch_thread": trainer.prefetch_threaded}))
 
 
 def spin(stop: multiprocessing.synchronize.Event) -> None:  # type: ignore[name-defined]
@@ -99,20 +100,22 @@ def main() -> None:
             order = ("engine", "hand") if run % 2 else ("hand", "engine")
             measured = {which: launch(which) for which in order}
             results.append({"seconds": {which: measured[which]["seconds"] for which in order},
-                            "chosen": measured["engine"]["chosen"], "reason": measured["engine"]["reason"]})
+                            "chosen": measured["engine"]["chosen"], "reason": measured["engine"]["reason"],
+                            "prefetch_thread": measured["engine"]["prefetch_thread"]})
     finally:
         stop.set()
         for process in load:
             process.join()
     print(f"## steps_per_call='auto', tiny MLP, {args.batches} batches, compile included, {args.runs} fresh "
           f"processes, {args.load} busy processes beside them; steps/s")
-    print(f"{'run':>4s} {'hand':>10s} {'engine':>10s} {'engine/hand':>12s}  chosen")
+    print(f"{'run':>4s} {'hand':>10s} {'engine':>10s} {'engine/hand':>12s}  chosen  prefetch thread")
     rates = []
     for index, result in enumerate(results):
         hand = args.batches / result["seconds"]["hand"]
         engine = args.batches / result["seconds"]["engine"]
         rates.append(engine)
-        print(f"{index:4d} {hand:10.0f} {engine:10.0f} {engine / hand:12.2f}  {result['chosen']}")
+        print(f"{index:4d} {hand:10.0f} {engine:10.0f} {engine / hand:12.2f}  {result['chosen']:6d}  "
+              f"{result['prefetch_thread']}")
     print(f"choice in every run: {sorted({r['chosen'] for r in results})} ({results[0]['reason']})")
     print(f"slowest engine run / fastest: {min(rates) / max(rates):.2f}; targets: engine/hand >= 1.5 every run, "
           "slowest/fastest >= 0.7, one choice")

@@ -14,10 +14,17 @@ Four measurements in one run:
    each train-step variant are excluded and the compile seconds printed apart).
 4. **Peak memory per device** of the compiled train step (argument + output + temp − aliased),
    per precision, compiled only.
+5. **The lean step** (``--lean MEMORY,COMPILE``, off by default): the peak memory of the ``amp_bf16``
+   train step of the ``MEMORY`` preset on the whole batch's logits (the step before the chunked
+   loss), with the default chunked loss, and with ``remat='dots'`` and ``'full'``; then the compile
+   time of the ``COMPILE`` preset's step unrolled and with ``scan_layers=True`` (the persistent
+   compilation cache off). Compiled from shapes only, nothing runs.
 
 Run: ``.venv/bin/python benchmarks/lm.py [--quick] [--config gpt2-small] [--plot PATH]``.
 ``--quick`` is a smoke test (about 2 minutes on 2 CPU cores), the default about 10 minutes on 2
-cores, ``--config gpt2-small`` the 124M model at 1024 tokens for an accelerator.
+cores, ``--config gpt2-small`` the 124M model at 1024 tokens for an accelerator. Part 5 alone:
+``.venv/bin/python benchmarks/lm.py --skip race,loss,memory --lean gpt2-small,gpt2-medium --lean-batch 8x1024``
+(``--lean gpt2-tiny,gpt2-tiny --lean-batch 2x64`` is its smoke test).
 """
 
 from __future__ import annotations
@@ -311,6 +318,49 @@ def memory(profile: Profile, label: str, race: list[dict[str, Any]]) -> dict[str
     return table
 
 
+# -- 5: the lean step: chunked loss, remat, scanned layers ----------------------------------------
+def lean(memory_preset: str, compile_preset: str, batch: int, seq_len: int) -> dict[str, float]:
+    """Peak memory of the amp_bf16 step per loss and remat choice; compile seconds unrolled against scanned."""
+    from composerjax.step.compile_cache import enable_compilation_cache
+
+    print(f"\n== 5. The lean step: peak memory per device of the amp_bf16 train step (argument + output + temp - "
+          f"aliased), {memory_preset} at batch {batch}x{seq_len}, compiled from shapes (the hand-written step, "
+          "whose loss is the model's, as the engine's)")
+    print(f"{'variant':34s} {'peak MiB':>10s} {'temp MiB':>10s} {'compile s':>10s}")
+    base = GPT2Config.preset(memory_preset, dropout=0.0, attention_dropout=0.0)
+    results: dict[str, float] = {}
+    for name, config, whole in (("whole batch's logits (before)", base, True), ("default (chunked loss)", base, False),
+                                ("remat='dots'", dataclasses.replace(base, remat="dots"), False),
+                                ("remat='full'", dataclasses.replace(base, remat="full"), False)):
+        start = time.perf_counter()
+        compiled = HandStep(Job(config, seq_len, batch), "amp_bf16", total_steps=100, abstract=True,
+                            whole_logits=whole).lower().compile()
+        peak, temp = step_costs(compiled)["peak_bytes"], compiled.memory_analysis().temp_size_in_bytes
+        results[name] = peak
+        seconds = time.perf_counter() - start
+        print(f"{name:34s} {peak / 2**20:10.1f} {temp / 2**20:10.1f} {seconds:10.1f}", flush=True)
+    before, default, full = (results[name] for name in ("whole batch's logits (before)", "default (chunked loss)",
+                                                         "remat='full'"))
+    print(f"default / before {default / before:.3f} (target <= 0.8); remat='full' / default {full / default:.3f} "
+          "(target <= 0.333)")
+    cache = enable_compilation_cache(False)
+    print(f"\ncompile time of the {compile_preset} amp_bf16 step at batch {batch}x{seq_len}, persistent compilation "
+          f"cache {'kept on (set by the user: ' + cache + ')' if cache else 'off'}")
+    print(f"{'layers':10s} {'trace + lower s':>16s} {'compile s':>10s} {'total s':>8s}")
+    for scan in (False, True):
+        config = GPT2Config.preset(compile_preset, dropout=0.0, attention_dropout=0.0, scan_layers=scan)
+        start = time.perf_counter()
+        lowered = HandStep(Job(config, seq_len, batch), "amp_bf16", total_steps=100, abstract=True).lower()
+        traced = time.perf_counter() - start
+        lowered.compile()
+        total = time.perf_counter() - start
+        name = "scanned" if scan else "unrolled"
+        results[name] = total
+        print(f"{name:10s} {traced:16.1f} {total - traced:10.1f} {total:8.1f}", flush=True)
+    print(f"scanned / unrolled compile time {results['scanned'] / results['unrolled']:.3f} (target <= 0.5)")
+    return results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="tiny budgets: a smoke test of every part")
@@ -319,6 +369,10 @@ def main() -> None:
     parser.add_argument("--precision", default=None, help="for time to loss (default: amp_bf16 on GPU, else fp32)")
     parser.add_argument("--plot", default=os.path.join(HERE, "lm_time_to_loss.png"))
     parser.add_argument("--skip", default="", help="comma-separated parts to skip: race, loss, memory")
+    parser.add_argument("--lean", default=None, metavar="MEMORY,COMPILE",
+                        help="part 5 (off by default): the presets for the memory table and the compile times, e.g. "
+                             "gpt2-small,gpt2-medium")
+    parser.add_argument("--lean-batch", default="8x1024", metavar="BxT", help="part 5's batch (default 8x1024)")
     args = parser.parse_args()
     profile = PROFILES["quick" if args.quick else args.config]
     job = profile.job
@@ -330,6 +384,24 @@ def main() -> None:
     print(f"jax {jax.__version__} on {device.platform} ({device.device_kind}), {len(jax.devices())} device(s); "
           f"profile {label}")
     print(f"job: {profile.job.describe()}")
+    results: dict[str, Any] = {}
+    if {"race", "loss"} - skip:
+        data, race_batches, evaluation = load_data(profile)
+    if "race" not in skip:
+        results["race"] = throughput(profile, race_batches, args.precisions.split(","))
+    if "loss" not in skip:
+        results["loss"] = time_to_loss(profile, data.train, evaluation, precision, args.plot)
+    if "memory" not in skip:
+        results["memory"] = memory(profile, label, results.get("race", []))
+    if args.lean:
+        memory_preset, _, compile_preset = args.lean.partition(",")
+        batch, _, seq_len = args.lean_batch.partition("x")
+        results["lean"] = lean(memory_preset, compile_preset or memory_preset, int(batch), int(seq_len))
+    summarise(results, precision, time.perf_counter() - started)
+
+
+def load_data(profile: Profile) -> tuple[Any, list[Any], list[Any]]:
+    """The stdlib data for ``profile``: the splits, the race's batches and the evaluation batches."""
     with tempfile.TemporaryDirectory() as folder:
         start = time.perf_counter()
         data = stdlib_lm(seq_len=profile.job.seq_len, batch_size=profile.job.batch_size,
@@ -342,14 +414,7 @@ def main() -> None:
     batches = iter(data.train)
     race_batches = [next(batches) for _ in range(profile.race_batches)]
     evaluation = [batch for _, batch in zip(range(profile.eval_batches), data.eval)]
-    results: dict[str, Any] = {}
-    if "race" not in skip:
-        results["race"] = throughput(profile, race_batches, args.precisions.split(","))
-    if "loss" not in skip:
-        results["loss"] = time_to_loss(profile, data.train, evaluation, precision, args.plot)
-    if "memory" not in skip:
-        results["memory"] = memory(profile, label, results.get("race", []))
-    summarise(results, precision, time.perf_counter() - started)
+    return data, race_batches, evaluation
 
 
 def summarise(results: dict[str, Any], precision: str, seconds: float) -> None:
@@ -366,6 +431,11 @@ def summarise(results: dict[str, Any], precision: str, seconds: float) -> None:
         print(f"time to target ({precision}) {name:9s} {when} (reached {row['reached']}, final {row['final']:.4f})")
     for name, table in results.get("memory", {}).items():
         print(f"peak memory {name}: " + ", ".join(f"{p} {b / 2**20:.1f} MiB" for p, b in table.items()))
+    lean_results = results.get("lean")
+    if lean_results:
+        print("lean step: " + ", ".join(f"{name} {value / 2**20:.1f} MiB" for name, value in lean_results.items()
+                                        if name not in ("unrolled", "scanned"))
+              + f"; compile unrolled {lean_results['unrolled']:.1f} s, scanned {lean_results['scanned']:.1f} s")
 
 
 if __name__ == "__main__":

@@ -6,8 +6,11 @@ A :class:`Job` fixes the model, the batch shape and the optimizer: Composer's LL
 builds it with the library; :class:`HandStep` is the strongest hand-written JAX equivalent:
 parameters as plain dicts, numpy batches straight into one donated ``jax.jit`` step, and optax's
 ``adamw`` with the same schedule after ``clip_by_global_norm`` (the same update: optax's
-``weight_decay`` is Composer's divided by the peak rate). :func:`step_costs` reads the FLOPs and
-peak memory of a compiled step; :func:`peak_flops` is the accelerator's dense bf16 peak.
+``weight_decay`` is Composer's divided by the peak rate). Both compute the loss as GPT-2's training
+does, over the vocabulary in chunks (:func:`~composerjax.models.lm_loss.cross_entropy_loss`);
+``HandStep(whole_logits=True)`` is the step before that, on the whole batch's logits.
+:func:`step_costs` reads the FLOPs and peak memory of a compiled step; :func:`peak_flops` is the
+accelerator's dense bf16 peak.
 """
 
 from __future__ import annotations
@@ -23,11 +26,12 @@ import numpy as np
 import optax
 from flax import nnx
 
-from composerjax import ComposerClassifier, Trainer
+from composerjax import Trainer
 from composerjax.algorithms import GradientClipping
+from composerjax.models.causal_lm import ComposerCausalLM
 from composerjax.models.composer_model import cross_entropy
-from composerjax.models.gpt import language_metrics
 from composerjax.models.gpt2 import GPT2, GPT2Config, flops_per_token
+from composerjax.models.lm_loss import cross_entropy_loss
 from composerjax.optim import CosineAnnealingWithWarmupScheduler, DecoupledAdamW
 
 #: Dense bfloat16 tensor-core peak FLOP/s (no sparsity), matched in order against ``device.device_kind``.
@@ -79,7 +83,8 @@ class Job:
 
     def describe(self) -> str:
         c = self.config
-        return (f"GPT-2 d{c.n_embd} L{c.n_layer} H{c.n_head} vocab {c.vocab_size}, seq {self.seq_len}, batch "
+        return (f"GPT-2 d{c.n_embd} L{c.n_layer} H{c.n_head} vocab {c.vocab_size} ({c.padded_vocab_size} rows), "
+                f"remat {c.remat}{', scanned layers' if c.scan_layers else ''}, seq {self.seq_len}, batch "
                 f"{self.batch_size}; DecoupledAdamW lr {self.lr:g} betas {self.betas} wd {self.weight_decay:g}, "
                 f"cosine with {self.warmup_fraction:.0%} warmup to {self.alpha_f:g}, clip norm {self.clip:g}")
 
@@ -87,8 +92,7 @@ class Job:
 def engine_trainer(job: Job, train: Any, total_steps: int, precision: str, seed: int,
                    algorithms: Sequence[Any] = (), **options: Any) -> Trainer:
     """The job through ``Trainer``: GPT-2 as ``factories.gpt2`` builds it, Composer's optimizer and schedule."""
-    model = ComposerClassifier(GPT2(job.config, rngs=nnx.Rngs(seed)), job.config.vocab_size,
-                               val_metrics=language_metrics())
+    model = ComposerCausalLM(GPT2(job.config, rngs=nnx.Rngs(seed)))
     return Trainer(
         model, train, max_duration=f"{total_steps}ba",
         optimizers=DecoupledAdamW(lr=job.lr, betas=job.betas, eps=job.eps, weight_decay=job.weight_decay),
@@ -123,10 +127,13 @@ class HandStep:
 
     ``precision`` means what the Trainer's does: ``'amp_bf16'`` keeps float32 weights and casts
     them to bfloat16 inside the step; ``'bf16'`` keeps weights and Adam's moments in bfloat16.
-    With ``abstract=True`` nothing is allocated (for compiling only: :meth:`compile`).
+    With ``abstract=True`` nothing is allocated (for compiling only: :meth:`lower`). The loss is
+    GPT-2's chunked cross-entropy, as the engine's; ``whole_logits=True`` computes it from the whole
+    batch's logits instead (the step before the chunked loss, for the memory comparison).
     """
 
-    def __init__(self, job: Job, precision: str, total_steps: int, seed: int = 0, abstract: bool = False) -> None:
+    def __init__(self, job: Job, precision: str, total_steps: int, seed: int = 0, abstract: bool = False,
+                 whole_logits: bool = False) -> None:
         self.job = job
         build = lambda: GPT2(job.config, rngs=nnx.Rngs(seed))  # noqa: E731
         module = nnx.eval_shape(build) if abstract else build()
@@ -139,7 +146,11 @@ class HandStep:
 
         def loss_fn(p: Any, r: Any, inputs: jax.Array, targets: jax.Array) -> tuple[jax.Array, Any]:
             model = nnx.merge(graphdef, nnx.State(_cast(p, compute)), nnx.State(r))
-            loss = cross_entropy(model(inputs), targets)
+            if whole_logits:
+                loss = cross_entropy(model(inputs), targets)
+            else:
+                loss = cross_entropy_loss(model.features(inputs), model.head_weight(), targets,
+                                          vocab_size=model.config.vocab_size)
             return loss, nnx.to_pure_dict(nnx.split(model, nnx.Param, ...)[2])
 
         def step(carry: Any, batch: Any) -> tuple[Any, jax.Array]:

@@ -159,6 +159,26 @@ class MaskedAccuracy(Metric, metrax.Accuracy):
         batch = metrax.Accuracy.from_model_output(jnp.argmax(scores, axis=-1), labels, sample_weights=valid)
         return self.replace(total=batch.total, count=batch.count)
 
+    def batch_state_from_predictions(self, predictions: jax.Array, target: jax.Array,
+                                     mask: jax.Array | None = None) -> MaskedAccuracy:
+        """One batch from argmax predictions already computed (a chunked LM head's): ``(...)`` ids against labels.
+
+        The same state :meth:`batch_state` gives for the scores whose argmax ``predictions`` are.
+
+        Example:
+            >>> float(MaskedAccuracy().batch_state_from_predictions(jnp.array([[0, 1, 1]]),
+            ...                                                      jnp.array([[0, 0, -100]])).compute())
+            0.5
+        """
+        labels = jnp.asarray(target).astype(jnp.int32)
+        valid = jnp.ones(labels.shape, bool) if self.ignore_index is None else labels != self.ignore_index
+        if mask is not None:
+            valid = valid & (sample_mask(mask, labels.shape) != 0)
+        batch = metrax.Accuracy.from_model_output(jnp.asarray(predictions).astype(jnp.int32).reshape(-1),
+                                                  jnp.where(valid, labels, 0).reshape(-1),
+                                                  sample_weights=valid.reshape(-1))
+        return self.replace(total=batch.total, count=batch.count)
+
     def compute(self) -> jax.Array:
         """Correct over counted tokens."""
         return divide_no_nan(self.total, self.count)

@@ -55,6 +55,24 @@ class CrossEntropy(Metric, metrax.Average):
         # Counted in int32: a language model's eval set can hold more tokens than float32 counts exactly.
         return self.replace(total=jnp.sum(jnp.where(valid, losses, 0.0)), count=jnp.sum(valid, dtype=jnp.int32))
 
+    def batch_state_from_losses(self, losses: jax.Array, target: jax.Array, mask: jax.Array | None = None) -> Any:
+        """One batch from per-sample losses already computed (a chunked LM head's), ``target`` the integer labels.
+
+        The same state :meth:`batch_state` gives for the logits those losses came from: labels equal
+        to ``ignore_index`` (and samples ``mask`` leaves out) are not counted.
+
+        Example:
+            >>> losses = jnp.array([0.5, 1.5, 9.0])
+            >>> float(CrossEntropy().batch_state_from_losses(losses, jnp.array([3, 1, -100])).compute())
+            1.0
+        """
+        losses = jnp.asarray(losses, jnp.float32)
+        labels = jnp.asarray(target)
+        valid = jnp.ones(labels.shape, bool) if self.ignore_index is None else labels != self.ignore_index
+        if mask is not None:
+            valid = valid & (sample_mask(mask, losses.shape) != 0)
+        return self.replace(total=jnp.sum(jnp.where(valid, losses, 0.0)), count=jnp.sum(valid, dtype=jnp.int32))
+
     def compute(self) -> jax.Array:
         """The mean cross-entropy per counted sample."""
         return divide_no_nan(self.total, self.count)

@@ -1,5 +1,6 @@
 """Models: the ComposerModel protocol and small reference models for examples and benchmarks."""
 
+from composerjax.models.causal_lm import ComposerCausalLM, LMOutputs
 from composerjax.models.composer_model import ComposerClassifier, ComposerModel, MetricSums
 from composerjax.models.generation import generate, generate_without_cache, sample_logits
 from composerjax.models.gpt import (
@@ -26,6 +27,7 @@ from composerjax.models.small_cnn import SmallCNN
 __all__ = [
     "BasicBlock",
     "CausalSelfAttention",
+    "ComposerCausalLM",
     "ComposerClassifier",
     "ComposerModel",
     "DecoderBlock",
@@ -34,6 +36,7 @@ __all__ = [
     "GPT2Config",
     "GPT2_CONFIGS",
     "KVCache",
+    "LMOutputs",
     "MLP",
     "MetricSums",
     "PositionEmbedding",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from flax import nnx
 
+from composerjax.models.causal_lm import ComposerCausalLM
 from composerjax.models.composer_model import ComposerClassifier
 from composerjax.models.gpt import TinyGPT, language_metrics
 from composerjax.models.mlp import MLP
@@ -79,13 +80,17 @@ def tiny_gpt(vocab_size: int = 256, dim: int = 64, depth: int = 2, num_heads: in
 def gpt2(config: str = "gpt2-tiny", vocab_size: int | None = None, n_positions: int | None = None,
          n_embd: int | None = None, n_layer: int | None = None, n_head: int | None = None,
          dropout: float | None = None, attention_dropout: float | None = None, position: str | None = None,
-         tie_embeddings: bool | None = None, seed: int = 0) -> ComposerClassifier:
+         tie_embeddings: bool | None = None, attention: str | None = None, remat: str | None = None,
+         scan_layers: bool | None = None, pad_vocab_to_multiple: int | None = None,
+         seed: int = 0) -> ComposerCausalLM:
     """Return a :class:`~composerjax.models.GPT2` next-token model from a preset, with any field replaced.
 
-    ``(N, T)`` int tokens to ``(N, T, vocab_size)`` logits; the loss is the mean next-token
-    cross-entropy and the eval metrics are the language-model ones (cross-entropy, perplexity and
-    token accuracy, :func:`~composerjax.models.gpt.language_metrics`). Pairs with the ``stdlib_lm``
-    data (its ``vocab_size`` must not exceed the model's, its ``seq_len`` not ``n_positions``).
+    A :class:`~composerjax.models.ComposerCausalLM`: ``(N, T)`` int tokens in; the loss is the mean
+    next-token cross-entropy, computed over the vocabulary in chunks (never the whole batch's
+    float32 logits), and the eval metrics are the language-model ones (cross-entropy, perplexity
+    and token accuracy, :func:`~composerjax.models.gpt.language_metrics`). Pairs with the
+    ``stdlib_lm`` data (its ``vocab_size`` must not exceed the model's, its ``seq_len`` not
+    ``n_positions``).
 
     Args:
         config: a preset of :data:`~composerjax.models.GPT2_CONFIGS`: ``'gpt2-tiny'``,
@@ -99,23 +104,27 @@ def gpt2(config: str = "gpt2-tiny", vocab_size: int | None = None, n_positions: 
         attention_dropout: dropout on the attention weights, in training.
         position: ``'learned'``, ``'rotary'`` or ``'alibi'``.
         tie_embeddings: use the token embedding as the LM head.
+        attention: the attention kernel: ``'auto'``, ``'xla'`` or ``'cudnn'``.
+        remat: what the backward pass recomputes: ``'none'``, ``'dots'`` or ``'full'``.
+        scan_layers: run the blocks with ``lax.scan`` (compile time independent of depth).
+        pad_vocab_to_multiple: pad the embedding's rows to this multiple (64 by default).
         (Each replaces the preset's field when given; see :class:`~composerjax.models.GPT2Config`.)
         seed: seeds the parameter initialisation and the dropout masks.
 
     Example:
         >>> import jax.numpy as jnp
         >>> model = gpt2("gpt2-tiny", vocab_size=300, n_positions=16)
-        >>> model.forward((jnp.zeros((2, 16), jnp.int32), None)).shape
+        >>> model.module(jnp.zeros((2, 16), jnp.int32)).shape  # logits over the 300 tokens (320 rows padded)
         (2, 16, 300)
     """
     from composerjax.models.gpt2 import GPT2, GPT2Config
 
     fields = {"vocab_size": vocab_size, "n_positions": n_positions, "n_embd": n_embd, "n_layer": n_layer,
               "n_head": n_head, "dropout": dropout, "attention_dropout": attention_dropout, "position": position,
-              "tie_embeddings": tie_embeddings}
+              "tie_embeddings": tie_embeddings, "attention": attention, "remat": remat, "scan_layers": scan_layers,
+              "pad_vocab_to_multiple": pad_vocab_to_multiple}
     settings = GPT2Config.preset(config, **{key: value for key, value in fields.items() if value is not None})
-    module = GPT2(settings, rngs=nnx.Rngs(seed))
-    return ComposerClassifier(module, settings.vocab_size, val_metrics=language_metrics())
+    return ComposerCausalLM(GPT2(settings, rngs=nnx.Rngs(seed)))
 
 
 def mlp(sizes: list[int], seed: int = 0) -> ComposerClassifier:

@@ -2,6 +2,10 @@
 
 Submodules carry TinyGPT's names (``blocks/0/attention/qkv``, ``blocks/0/mlp/up``, ...), so
 :data:`composerjax.parallel.GPT_TENSOR_PARALLEL_RULES` shards it the same way; FSDP needs no rule.
+With ``scan_layers=True`` the blocks are one stacked module (``blocks/attention/qkv/kernel`` of
+shape ``(n_layer, ...)``, the partition metadata with a leading ``None`` for the layer axis) run by
+``lax.scan``, so compile time no longer grows with depth. Attention goes through
+:func:`composerjax.models.attention.attention`, which picks the kernel.
 """
 
 from __future__ import annotations
@@ -15,11 +19,15 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from composerjax.models.attention import IMPLEMENTATIONS, attention
 from composerjax.models.gpt import FeedForward
+from composerjax.models.remat import checkpoint_after_gradient
 
 __all__ = ["GPT2", "GPT2Config", "GPT2_CONFIGS", "KVCache", "apply_rotary", "flops_per_token", "parameter_count"]
 
 POSITIONS = ("learned", "rotary", "alibi")
+#: ``GPT2Config.remat``: what the backward pass keeps of each block (``jax.checkpoint`` policies).
+REMAT = ("none", "dots", "full")
 _INIT_STD = 0.02  # GPT-2's initializer_range
 
 #: One ``(keys, values)`` pair per block, each ``(batch, length, heads, head_dim)``.
@@ -38,8 +46,9 @@ class GPT2Config:
         n_head: attention heads per block (must divide ``n_embd``).
         dropout: the dropout rate on the embeddings and on each residual branch (GPT-2's
             ``embd_pdrop`` and ``resid_pdrop``); active in train mode only.
-        attention_dropout: the dropout rate on the attention weights (``attn_pdrop``); when it
-            is 0 (or in eval mode) attention runs through ``jax.nn.dot_product_attention``.
+        attention_dropout: the dropout rate on the attention weights (``attn_pdrop``); while it
+            is active (train mode) attention runs in XLA's explicit form, which no fused kernel
+            replaces.
         position: ``'learned'`` (GPT-2's absolute position table), ``'rotary'`` (RoPE on the
             queries and keys, no position parameters; needs an even head size) or ``'alibi'``
             (a per-head linear bias on the attention logits, no position parameters; what the
@@ -50,14 +59,26 @@ class GPT2Config:
         dtype: the dtype the layers compute in; ``None`` follows the parameters, which is what the
             Trainer's ``precision`` relies on (``'amp_bf16'`` casts the parameters inside the step).
         param_dtype: the dtype the parameters are created in.
+        attention: the attention kernel: ``'auto'`` (cuDNN's fused attention on NVIDIA GPUs where
+            its constraints hold, Pallas on TPU, XLA elsewhere: see
+            :func:`~composerjax.models.attention.choose_kernel`), or ``'xla'`` / ``'cudnn'`` to force one.
+        remat: what the backward pass recomputes: ``'none'`` keeps every activation; ``'dots'``
+            keeps each block's matmul outputs and recomputes the rest (attention scores, norms,
+            activations); ``'full'`` keeps only each block's input and recomputes the block.
+        scan_layers: the blocks are one stacked module run by ``lax.scan``: one compiled block
+            whatever the depth (parameter paths become ``blocks/<name>`` with a leading layer axis).
+        pad_vocab_to_multiple: the embedding (and an untied head) get ``padded_vocab_size`` rows,
+            ``vocab_size`` rounded up to this multiple (50,257 -> 50,304 for 64), for the matrix
+            units; the extra rows start at zero and their logits are masked out of the loss, the
+            metrics and generation. 1 pads nothing.
 
     Raises:
         ValueError: naming the field, its value and what is accepted.
 
     Example:
         >>> config = GPT2Config.preset("gpt2-small")
-        >>> config.n_layer, config.n_embd, parameter_count(config)
-        (12, 768, 124439808)
+        >>> config.n_layer, config.n_embd, config.padded_vocab_size, parameter_count(config, padded=False)
+        (12, 768, 50304, 124439808)
     """
 
     vocab_size: int = 50257
@@ -73,9 +94,13 @@ class GPT2Config:
     rotary_base: float = 10000.0
     dtype: Any = None
     param_dtype: Any = jnp.float32
+    attention: str = "auto"
+    remat: str = "none"
+    scan_layers: bool = False
+    pad_vocab_to_multiple: int = 64
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head"):
+        for name in ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head", "pad_vocab_to_multiple"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"GPT2Config({name}={value!r}): expected a positive integer")
@@ -95,11 +120,28 @@ class GPT2Config:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
                 raise ValueError(f"GPT2Config({name}={value!r}): expected a positive number")
+        for name, accepted in (("attention", IMPLEMENTATIONS), ("remat", REMAT)):
+            value = getattr(self, name)
+            if value not in accepted:
+                raise ValueError(f"GPT2Config({name}={value!r}): expected one of {', '.join(map(repr, accepted))}")
+        if not isinstance(self.scan_layers, bool):
+            raise ValueError(f"GPT2Config(scan_layers={self.scan_layers!r}): expected True or False")
 
     @property
     def head_dim(self) -> int:
         """The size of one attention head, ``n_embd // n_head``."""
         return self.n_embd // self.n_head
+
+    @property
+    def padded_vocab_size(self) -> int:
+        """Rows of the embedding and the head: ``vocab_size`` rounded up to ``pad_vocab_to_multiple``.
+
+        Example:
+            >>> GPT2Config(vocab_size=50257).padded_vocab_size
+            50304
+        """
+        multiple = self.pad_vocab_to_multiple
+        return -(-self.vocab_size // multiple) * multiple
 
     @classmethod
     def preset(cls, name: str, **overrides: Any) -> GPT2Config:
@@ -131,19 +173,24 @@ def _resolve(config: GPT2Config | str) -> GPT2Config:
     return config
 
 
-def parameter_count(config: GPT2Config | str) -> int:
+def parameter_count(config: GPT2Config | str, padded: bool = True) -> int:
     """The number of parameters of ``GPT2(config)``, in closed form.
 
     Token embedding ``V·D``; learned positions ``P·D``; per block ``12·D² + 13·D`` (attention
     ``4·D² + 4·D``, MLP ``8·D² + 5·D``, two LayerNorms ``4·D``); final LayerNorm ``2·D``; an untied
     head ``D·V`` (no bias). Tied embeddings count once, as Hugging Face's ``GPT2LMHeadModel`` does.
 
+    Args:
+        config: a :class:`GPT2Config` or a preset name.
+        padded: ``V`` is ``padded_vocab_size``, the rows the model holds; False counts the real
+            ``vocab_size``, the published figure (GPT-2 small's 124,439,808).
+
     Example:
-        >>> parameter_count("gpt2-small")
-        124439808
+        >>> parameter_count("gpt2-small"), parameter_count("gpt2-small", padded=False)
+        (124475904, 124439808)
     """
     config = _resolve(config)
-    d, v = config.n_embd, config.vocab_size
+    d, v = config.n_embd, config.padded_vocab_size if padded else config.vocab_size
     count = v * d + config.n_layer * (12 * d * d + 13 * d) + 2 * d
     if config.position == "learned":
         count += config.n_positions * d
@@ -157,7 +204,8 @@ def flops_per_token(config: GPT2Config | str, seq_len: int) -> int:
 
     ``N`` counts the parameters that take part in a matmul: all of them except the position table
     and, when the head is untied, the input embedding (a lookup); the tied embedding counts once,
-    as the head. ``12·L·H·Q·T`` is the attention score and value matmuls over a full ``T x T``
+    as the head. The vocabulary is the real one (``vocab_size``): padding rows do no useful work.
+    ``12·L·H·Q·T`` is the attention score and value matmuls over a full ``T x T``
     square (``L`` blocks, ``H`` heads of size ``Q``; the causal mask is not discounted), as in PaLM
     and nanoGPT's ``estimate_mfu``.
 
@@ -168,7 +216,7 @@ def flops_per_token(config: GPT2Config | str, seq_len: int) -> int:
     config = _resolve(config)
     if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
         raise ValueError(f"seq_len={seq_len!r}: expected a positive integer")
-    matmul = parameter_count(config)
+    matmul = parameter_count(config, padded=False)
     if config.position == "learned":
         matmul -= config.n_positions * config.n_embd
     if not config.tie_embeddings:
@@ -244,7 +292,7 @@ def _active(dropout: nnx.Dropout, deterministic: bool | None) -> bool:
 
 
 class GPT2Attention(nnx.Module):
-    """Causal multi-head self-attention with an optional KV cache."""
+    """Causal multi-head self-attention with an optional KV cache; the kernel is :func:`attention`'s choice."""
 
     def __init__(self, config: GPT2Config, *, rngs: nnx.Rngs) -> None:
         self.config = config
@@ -254,7 +302,8 @@ class GPT2Attention(nnx.Module):
         self.attention_dropout = nnx.Dropout(config.attention_dropout, rngs=rngs)
 
     def __call__(self, x: jax.Array, positions: jax.Array, cache: tuple[jax.Array, jax.Array] | None = None, *,
-                 deterministic: bool | None = None) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
+                 segment_ids: jax.Array | None = None, deterministic: bool | None = None
+                 ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
         config = self.config
         batch, length, _ = x.shape
         q, k, v = (t.reshape(batch, length, config.n_head, config.head_dim)
@@ -274,24 +323,12 @@ class GPT2Attention(nnx.Module):
         if config.position == "alibi":
             key_positions = positions if cache is None else jnp.arange(k.shape[1])
             bias = alibi_position_bias(config.n_head, positions, key_positions).astype(q.dtype)
+        rate, key = 0.0, None
         if _active(self.attention_dropout, deterministic):
-            out = self._attend_with_dropout(q, k, v, mask, bias, deterministic)
-        else:
-            out = jax.nn.dot_product_attention(q, k, v, bias=bias, mask=mask, is_causal=mask is None)
+            rate, key = self.attention_dropout.rate, self.attention_dropout.rngs()
+        out = attention(q, k, v, causal=cache is None, bias=bias, mask=mask, segment_ids=segment_ids,
+                        dropout_rate=rate, dropout_rng=key, implementation=config.attention)
         return self.proj(out.reshape(batch, length, config.n_embd)), cache
-
-    def _attend_with_dropout(self, q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array | None,
-                             bias: jax.Array | None, deterministic: bool | None) -> jax.Array:
-        # jax.nn.dot_product_attention has no dropout on the weights: the explicit form, in training.
-        logits = jnp.einsum("btnh,bsnh->bnts", q, k, preferred_element_type=jnp.float32)
-        logits = logits / math.sqrt(self.config.head_dim)
-        if bias is not None:
-            logits = logits + bias.astype(jnp.float32)
-        if mask is None:
-            mask = jnp.tril(jnp.ones((q.shape[1], k.shape[1]), bool))[None, None]
-        weights = jax.nn.softmax(jnp.where(mask, logits, jnp.finfo(jnp.float32).min), axis=-1)
-        weights = self.attention_dropout(weights, deterministic=deterministic).astype(v.dtype)
-        return jnp.einsum("bnts,bsnh->btnh", weights, v)
 
 
 def gelu_tanh(x: jax.Array) -> jax.Array:
@@ -329,10 +366,67 @@ class GPT2Block(nnx.Module):
         self.dropout = nnx.Dropout(config.dropout, rngs=rngs)
 
     def __call__(self, x: jax.Array, positions: jax.Array, cache: tuple[jax.Array, jax.Array] | None = None, *,
-                 deterministic: bool | None = None) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
-        h, cache = self.attention(self.norm1(x), positions, cache, deterministic=deterministic)
+                 segment_ids: jax.Array | None = None, deterministic: bool | None = None
+                 ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
+        h, cache = self.attention(self.norm1(x), positions, cache, segment_ids=segment_ids,
+                                  deterministic=deterministic)
         x = x + self.dropout(h, deterministic=deterministic)
         return x + self.dropout(self.mlp(self.norm2(x)), deterministic=deterministic), cache
+
+
+def _stacked_blocks(config: GPT2Config, rngs: nnx.Rngs) -> GPT2Block:
+    """``n_layer`` blocks as one module whose arrays have a leading layer axis (``GPT2._scan_blocks`` runs it)."""
+
+    @nnx.split_rngs(splits=config.n_layer)
+    @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: None})
+    def create(rngs: nnx.Rngs) -> GPT2Block:
+        return GPT2Block(config, rngs=rngs)
+
+    return create(rngs)
+
+
+def _draws(block: GPT2Block, deterministic: bool | None) -> bool:
+    """Whether ``block`` draws dropout masks in this call (its random streams then move on)."""
+    return _active(block.dropout, deterministic) or _active(block.attention.attention_dropout, deterministic)
+
+
+def _block_function(graphdef: nnx.GraphDef, remat: str, positions: jax.Array, segment_ids: jax.Array | None,
+                    deterministic: bool | None, draws: bool, scanned: bool = False) -> Any:
+    """``(block state, x) -> (x, the block's random-stream state or None)``: one block as a pure function.
+
+    Pure (``nnx.merge`` inside), so ``jax.checkpoint`` and ``lax.scan`` take it whatever trace the
+    model's arrays come from (``generate`` closes over the model inside a ``fori_loop``). ``remat``
+    names the checkpoint policy: 'dots' saves the matmul outputs without batch dimensions (the
+    projections and the MLP) and recomputes the rest; 'full' saves nothing but the block's input.
+    ``scanned``: the function is a ``lax.scan`` body (the loop orders the recomputation, and no
+    common-subexpression elimination can merge it away there); unrolled, the recomputation is
+    ordered after the gradient of the blocks above (:func:`~composerjax.models.remat.checkpoint_after_gradient`).
+    """
+
+    def apply(state: nnx.State, x: jax.Array) -> tuple[jax.Array, nnx.State | None]:
+        block = nnx.merge(graphdef, state)
+        x, _ = block(x, positions, segment_ids=segment_ids, deterministic=deterministic)
+        return x, (nnx.state(block, nnx.RngState) if draws else None)
+
+    if remat == "none":
+        return apply
+    policy = jax.checkpoint_policies.dots_with_no_batch_dims_saveable if remat == "dots" else None
+    if scanned:
+        return jax.checkpoint(apply, policy=policy, prevent_cse=False)
+    return checkpoint_after_gradient(apply, policy)
+
+
+def _padded(initializer: Any, size: int, axis: int) -> Any:
+    """``initializer`` for the first ``size`` entries along ``axis`` (the real vocabulary); the padding is zero."""
+
+    def init(key: jax.Array, shape: tuple[int, ...], dtype: Any = jnp.float32) -> jax.Array:
+        real = list(shape)
+        real[axis] = size
+        pad = [(0, 0)] * len(shape)
+        pad[axis] = (0, shape[axis] - size)
+        return jnp.pad(initializer(key, tuple(real), dtype), pad)
+
+    return init
 
 
 class GPT2(nnx.Module):
@@ -341,7 +435,9 @@ class GPT2(nnx.Module):
     Takes ``(B, T)`` int tokens and returns ``(B, T, vocab_size)`` logits. Dropout is active in
     train mode (``model.train()``, the default) and off after ``model.eval()`` or with
     ``deterministic=True``. :meth:`decode` runs a chunk against a :class:`KVCache`, as
-    :func:`composerjax.models.generation.generate` does.
+    :func:`composerjax.models.generation.generate` does. For training without the whole batch's
+    logits, :meth:`features` gives the final hidden states and :meth:`head_weight` the head, which
+    :func:`composerjax.models.lm_loss.cross_entropy_loss` takes chunk by chunk.
 
     Example:
         >>> model = GPT2(GPT2Config.preset("gpt2-tiny"), rngs=nnx.Rngs(0))
@@ -352,26 +448,65 @@ class GPT2(nnx.Module):
     def __init__(self, config: GPT2Config | str, *, rngs: nnx.Rngs) -> None:
         config = _resolve(config)
         self.config = config
-        embed = {"dtype": config.dtype, "param_dtype": config.param_dtype,
-                 "embedding_init": nnx.initializers.normal(_INIT_STD), "rngs": rngs}
-        self.tokens = nnx.Embed(config.vocab_size, config.n_embd, **embed)
+        vocab, padded = config.vocab_size, config.padded_vocab_size
+        embed = {"dtype": config.dtype, "param_dtype": config.param_dtype, "rngs": rngs}
+        self.tokens = nnx.Embed(padded, config.n_embd,
+                                embedding_init=_padded(nnx.initializers.normal(_INIT_STD), vocab, 0), **embed)
         if config.position == "learned":
-            self.position = nnx.Embed(config.n_positions, config.n_embd, **embed)
+            self.position = nnx.Embed(config.n_positions, config.n_embd,
+                                      embedding_init=nnx.initializers.normal(_INIT_STD), **embed)
         # nnx.Embed pins dtype=None to the parameter dtype at construction; None must instead follow
         # the arrays, so that parameters cast to bfloat16 (precision='amp_bf16') compute in bfloat16.
         for embedding in (self.tokens, getattr(self, "position", None)):
             if embedding is not None:
                 embedding.dtype = config.dtype
         self.embedding_dropout = nnx.Dropout(config.dropout, rngs=rngs)
-        self.blocks = nnx.List([GPT2Block(config, rngs=rngs) for _ in range(config.n_layer)])
+        if config.scan_layers:
+            self.blocks = _stacked_blocks(config, rngs)
+        else:
+            self.blocks = nnx.List([GPT2Block(config, rngs=rngs) for _ in range(config.n_layer)])
         self.norm = _layer_norm(config, rngs)
         if not config.tie_embeddings:
-            self.head = _linear(config, config.n_embd, config.vocab_size, _INIT_STD, rngs, "columns", bias=False)
+            # (D, V_padded): the padding columns start at zero, as the embedding's padding rows.
+            kernel_init = _padded(nnx.initializers.normal(_INIT_STD), vocab, 1)
+            self.head = nnx.Linear(config.n_embd, padded, use_bias=False,
+                                   kernel_init=_partitioned(kernel_init, (None, "tensor")), dtype=config.dtype,
+                                   param_dtype=config.param_dtype, rngs=rngs)
 
-    def __call__(self, tokens: jax.Array, *, deterministic: bool | None = None) -> jax.Array:
+    def __call__(self, tokens: jax.Array, *, segment_ids: jax.Array | None = None,
+                 deterministic: bool | None = None) -> jax.Array:
+        """``(B, T, vocab_size)`` logits of ``(B, T)`` tokens; ``segment_ids`` ``(B, T)`` keep packed documents apart.
+        """
+        return self.logits(self.features(tokens, segment_ids=segment_ids, deterministic=deterministic))
+
+    def features(self, tokens: jax.Array, *, segment_ids: jax.Array | None = None,
+                 deterministic: bool | None = None) -> jax.Array:
+        """The final hidden states ``(B, T, n_embd)`` (after the last LayerNorm): the LM head's input.
+
+        Example:
+            >>> model = GPT2(GPT2Config.preset("gpt2-tiny"), rngs=nnx.Rngs(0))
+            >>> model.features(jnp.zeros((2, 16), jnp.int32)).shape
+            (2, 16, 64)
+        """
         self._check_length(tokens, 0)
-        logits, _ = self._run(tokens, jnp.arange(tokens.shape[1]), None, deterministic)
-        return logits
+        hidden, _ = self._run(tokens, jnp.arange(tokens.shape[1]), None, deterministic, segment_ids)
+        return hidden
+
+    def head_weight(self) -> jax.Array:
+        """The LM head as ``(padded_vocab_size, n_embd)``, one row per token, in the compute dtype.
+
+        The tied token embedding as it is, or an untied head's kernel transposed; the rows from
+        ``vocab_size`` on are padding.
+        """
+        weight = self.tokens.embedding[...] if self.config.tie_embeddings else self.head.kernel[...].T
+        return weight if self.config.dtype is None else weight.astype(self.config.dtype)
+
+    def logits(self, hidden: jax.Array) -> jax.Array:
+        """``(..., vocab_size)`` logits of final hidden states: the head, without its padding rows."""
+        weight = self.head_weight()
+        hidden, weight = nnx.nn.dtypes.promote_dtype((hidden, weight), dtype=self.config.dtype)
+        logits = jnp.einsum("...d,vd->...v", hidden, weight)
+        return logits[..., : self.config.vocab_size] if weight.shape[0] > self.config.vocab_size else logits
 
     def decode(self, tokens: jax.Array, start: jax.Array | int, cache: KVCache, *,
                deterministic: bool | None = True) -> tuple[jax.Array, KVCache]:
@@ -383,7 +518,8 @@ class GPT2(nnx.Module):
         if len(cache) != self.config.n_layer:
             raise ValueError(f"cache: {len(cache)} layers, expected n_layer={self.config.n_layer}")
         positions = start + jnp.arange(tokens.shape[1])
-        return self._run(tokens, positions, cache, deterministic)
+        hidden, cache = self._run(tokens, positions, cache, deterministic, None)
+        return self.logits(hidden), cache
 
     def init_cache(self, batch: int, length: int, dtype: Any = None) -> KVCache:
         """An empty (zero) :class:`KVCache` for ``batch`` sequences of up to ``length`` tokens.
@@ -402,16 +538,54 @@ class GPT2(nnx.Module):
         if start + tokens.shape[1] > self.config.n_positions:
             raise ValueError(f"sequence length {tokens.shape[1]} exceeds n_positions={self.config.n_positions}")
 
-    def _run(self, tokens: jax.Array, positions: jax.Array, cache: KVCache | None,
-             deterministic: bool | None) -> tuple[jax.Array, KVCache | None]:
+    def _run(self, tokens: jax.Array, positions: jax.Array, cache: KVCache | None, deterministic: bool | None,
+             segment_ids: jax.Array | None) -> tuple[jax.Array, KVCache | None]:
         x = self.tokens(tokens)
         if self.config.position == "learned":
             x = x + self.position(positions)[None]
         x = self.embedding_dropout(x, deterministic=deterministic)
-        new_cache = []
-        for index, block in enumerate(self.blocks):
-            x, layer_cache = block(x, positions, None if cache is None else cache[index], deterministic=deterministic)
-            new_cache.append(layer_cache)
-        x = self.norm(x)
-        logits = self.tokens.attend(x) if self.config.tie_embeddings else self.head(x)
-        return logits, (tuple(new_cache) if cache is not None else None)
+        if self.config.scan_layers:
+            x, cache = self._scan_blocks(x, positions, cache, deterministic, segment_ids)
+        elif cache is not None:
+            new_cache = []
+            for block, layer_cache in zip(self.blocks, cache):
+                x, layer_cache = block(x, positions, layer_cache, deterministic=deterministic)
+                new_cache.append(layer_cache)
+            cache = tuple(new_cache)
+        elif self.config.remat == "none":
+            for block in self.blocks:
+                x, _ = block(x, positions, segment_ids=segment_ids, deterministic=deterministic)
+        else:
+            for block in self.blocks:
+                graphdef, state = nnx.split(block)
+                draws = _draws(block, deterministic)
+                x, streams = _block_function(graphdef, self.config.remat, positions, segment_ids, deterministic,
+                                             draws)(state, x)
+                if draws:
+                    nnx.update(block, streams)
+        return self.norm(x), cache
+
+    def _scan_blocks(self, x: jax.Array, positions: jax.Array, cache: KVCache | None, deterministic: bool | None,
+                     segment_ids: jax.Array | None) -> tuple[jax.Array, KVCache | None]:
+        # lax.scan over the stacked state, each step a pure function of one layer's slice: nnx's own
+        # transforms refuse a model whose arrays belong to an outer trace (generation's loop).
+        graphdef, state = nnx.split(self.blocks)
+        if cache is None:
+            draws = _draws(self.blocks, deterministic)
+            layer = _block_function(graphdef, self.config.remat, positions, segment_ids, deterministic, draws,
+                                    scanned=True)
+            x, streams = jax.lax.scan(lambda x, layer_state: layer(layer_state, x), x, state)
+            if draws:
+                nnx.update(self.blocks, streams)  # the dropout streams moved on
+            return x, None
+
+        def cached(x: jax.Array, xs: tuple[nnx.State, jax.Array, jax.Array]
+                   ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+            layer_state, keys, values = xs
+            x, layer_cache = nnx.merge(graphdef, layer_state)(x, positions, (keys, values), deterministic=deterministic)
+            return x, layer_cache
+
+        # The cache stays one (keys, values) pair per block for callers; the scan takes it stacked.
+        x, (keys, values) = jax.lax.scan(cached, x, (state, jnp.stack([k for k, _ in cache]),
+                                                     jnp.stack([v for _, v in cache])))
+        return x, tuple((keys[index], values[index]) for index in range(self.config.n_layer))

@@ -27,6 +27,7 @@ from composerjax.core.lifecycle import (
 from composerjax.core.state import State, instance_names
 from composerjax.core.train_state import TrainState
 from composerjax.metrics.collection import StateTotals, compute_values
+from composerjax.models.attention import describe_choices, take_attention_choices
 from composerjax.models.function_model import ModelFunctions, model_functions
 from composerjax.parallel.heartbeat import heartbeat
 from composerjax.parallel.sharding import batch_sharding, global_batch, replicated, train_state_shardings
@@ -484,6 +485,7 @@ class StepRunner:
             memory=memory_of(step, *abstract),
             batch=self.state.timestamp.counts.batch,
             from_cache=from_cache,
+            attention=describe_choices(take_attention_choices()),
         )
         state = self.state
         state.compiled_steps.append(record)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -9,16 +11,17 @@ import pytest
 from flax import nnx
 
 from composerjax.models import generation
+from composerjax.models.attention import explicit_attention
 from composerjax.models.generation import generate, generate_without_cache, sample_logits
 from composerjax.models.gpt2 import (
     GPT2,
-    GPT2Attention,
     GPT2Config,
     alibi_position_bias,
     apply_rotary,
     flops_per_token,
     parameter_count,
 )
+from composerjax.models.lm_loss import cross_entropy_loss
 
 
 def size_of(state: nnx.State) -> int:
@@ -42,10 +45,15 @@ def tokens(shape: tuple[int, int], seed: int = 0) -> jax.Array:
 
 
 def test_gpt2_small_has_the_published_124m_parameters_without_allocating_them():
-    assert parameter_count("gpt2-small") == 124_439_808  # Hugging Face's GPT2LMHeadModel('gpt2')
+    assert parameter_count("gpt2-small", padded=False) == 124_439_808  # Hugging Face's GPT2LMHeadModel('gpt2')
+    unpadded = GPT2Config.preset("gpt2-small", pad_vocab_to_multiple=1)
+    abstract = nnx.eval_shape(lambda: GPT2(unpadded, rngs=nnx.Rngs(0)))
+    assert size_of(nnx.state(abstract, nnx.Param)) == 124_439_808 == parameter_count(unpadded)
+    # By default the vocabulary is padded to a multiple of 64 (50,257 -> 50,304 rows): 47 x 768 more.
     abstract = nnx.eval_shape(lambda: GPT2("gpt2-small", rngs=nnx.Rngs(0)))
-    assert size_of(nnx.state(abstract, nnx.Param)) == 124_439_808
-    assert parameter_count("gpt2-medium") == 354_823_168
+    assert size_of(nnx.state(abstract, nnx.Param)) == parameter_count("gpt2-small") == 124_439_808 + 47 * 768
+    assert parameter_count("gpt2-medium", padded=False) == 354_823_168
+    assert parameter_count("gpt2-medium") == 354_823_168 + 47 * 1024
 
 
 @pytest.mark.parametrize("overrides", [{}, {"position": "rotary"}, {"tie_embeddings": False},
@@ -74,6 +82,10 @@ def test_flops_per_token_is_palms_6n_plus_attention():
     ({"position": "sinusoidal"}, "position='sinusoidal'"),
     ({"n_embd": 6, "n_head": 2, "position": "rotary"}, "head size"),
     ({"layer_norm_epsilon": 0.0}, "layer_norm_epsilon=0.0"),
+    ({"attention": "flash"}, r"GPT2Config\(attention='flash'\): expected one of 'auto', 'xla', 'cudnn'"),
+    ({"remat": "some"}, r"GPT2Config\(remat='some'\): expected one of 'none', 'dots', 'full'"),
+    ({"scan_layers": "yes"}, r"GPT2Config\(scan_layers='yes'\): expected True or False"),
+    ({"pad_vocab_to_multiple": 0}, r"GPT2Config\(pad_vocab_to_multiple=0\): expected a positive integer"),
 ])
 def test_bad_configs_name_the_field(overrides, field):
     with pytest.raises(ValueError, match=field):
@@ -141,11 +153,10 @@ def test_dropout_only_in_train_mode(rate):
 
 
 def test_explicit_attention_matches_dot_product_attention_without_dropout():
-    attention = GPT2Attention(GPT2Config.preset("gpt2-tiny", attention_dropout=0.1), rngs=nnx.Rngs(0))
     q, k, v = jax.random.normal(jax.random.key(2), (3, 2, 6, 2, 32))
-    explicit = nnx.jit(lambda attention, q, k, v: attention._attend_with_dropout(q, k, v, None, None, True))
+    explicit = jax.jit(lambda q, k, v: explicit_attention(q, k, v, causal=True))
     fused = jax.jit(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True))
-    np.testing.assert_allclose(explicit(attention, q, k, v), fused(q, k, v), atol=1e-5)
+    np.testing.assert_allclose(explicit(q, k, v), fused(q, k, v), atol=1e-5)
 
 
 def test_cached_decode_step_matches_the_full_forward(model):
@@ -159,14 +170,54 @@ def test_cached_decode_step_matches_the_full_forward(model):
     np.testing.assert_allclose(step[:, 0], full[:, 8], atol=1e-5)
 
 
-def test_greedy_generation_with_cache_equals_without(model):
-    prompt = tokens((2, 5), seed=4)
-    cached = generate(model, prompt, 6)
-    assert cached.shape == (2, 11)
+class RecordingGPT2(GPT2):
+    """A GPT2 whose ``decode`` reports ``(position of its last token, that token's logits)`` to ``decoded``."""
+
+    decoded: list[tuple[int, np.ndarray]] = []
+
+    def decode(self, tokens, start, cache, *, deterministic=True):
+        logits, cache = super().decode(tokens, start, cache, deterministic=deterministic)
+
+        def record(last_position, last_logits):
+            RecordingGPT2.decoded.append((int(last_position), np.asarray(last_logits)))
+
+        jax.debug.callback(record, start + tokens.shape[1] - 1, logits[:, -1], ordered=True)
+        return logits, cache
+
+
+def context_dependent(position: str) -> RecordingGPT2:
+    """A 1-layer tiny GPT-2 whose weight matrices are tripled.
+
+    At the initial scale the argmax mostly repeats the last token whatever came before it, so a
+    cache read at the wrong position still picks the same tokens; tripled, the next token depends
+    on the context and on the positions.
+    """
+    model = RecordingGPT2(GPT2Config.preset("gpt2-tiny", position=position, n_layer=1), rngs=nnx.Rngs(0))
+    model.eval()
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    return nnx.merge(graphdef, jax.tree.map(lambda p: p * 3.0 if p.ndim >= 2 else p, params), rest)
+
+
+@pytest.mark.parametrize("position", ["learned", "rotary"])
+def test_greedy_generation_with_cache_equals_without(position):
+    model = context_dependent(position)
+    prompt, new = tokens((4, 5), seed=4), 24
+    RecordingGPT2.decoded.clear()
+    cached = generate(model, prompt, new)
+    jax.effects_barrier()
+    assert cached.shape == (4, 5 + new)
     np.testing.assert_array_equal(cached[:, :5], prompt)
-    np.testing.assert_array_equal(cached, generate_without_cache(model, prompt, 6))
-    # The first new token is the argmax of the prompt's last logits.
-    np.testing.assert_array_equal(cached[:, 5], jnp.argmax(forward(model, prompt)[:, -1], axis=-1))
+    # Each decode step's logits are the full forward pass's at the same position, to float32 rounding:
+    # the prompt's last position (4), then one step per new token but the last (5 .. 27).
+    full = np.asarray(forward(model, cached))
+    assert [at for at, _ in RecordingGPT2.decoded] == list(range(4, 4 + new))
+    for at, logits in RecordingGPT2.decoded:
+        np.testing.assert_allclose(logits, full[:, at], atol=2e-5, rtol=0)
+    # Every new token is the argmax of the logits before it, and those depend on the context: the
+    # 96 new tokens are not a few tokens repeated.
+    np.testing.assert_array_equal(cached[:, 5:], np.argmax(full[:, 4:-1], axis=-1))
+    assert len(np.unique(np.asarray(cached[:, 5:]))) >= 10
+    np.testing.assert_array_equal(cached, generate_without_cache(model, prompt, new))
 
 
 def test_sampling_with_the_same_rng_is_the_same_with_or_without_cache():
@@ -253,7 +304,7 @@ def test_the_alibi_algorithm_switches_gpt2_to_alibi_keeping_every_other_weight()
     attention = model.blocks[0].attention
     q = k = v = jax.random.normal(jax.random.key(1), (1, 5, 2, 32))
     bias = alibi_position_bias(2, jnp.arange(5), jnp.arange(5))
-    np.testing.assert_allclose(attention._attend_with_dropout(q, k, v, None, bias, True),
+    np.testing.assert_allclose(explicit_attention(q, k, v, causal=True, bias=bias),
                                jax.nn.dot_product_attention(q, k, v, bias=bias, is_causal=True), atol=1e-5)
     assert logits.shape == (1, 200, 512)
     # The attention module adds the bias: its output is proj(attention(q, k, v) + bias).
@@ -278,3 +329,202 @@ def test_gated_linear_units_turn_gpt2s_mlp_into_a_gated_block():
     x = jax.random.normal(jax.random.key(0), (2, 3, 64))
     expected = mlp.down(gelu_tanh(x @ mlp.gate.kernel[...]) * (x @ mlp.up.kernel[...]))
     np.testing.assert_allclose(mlp(x), expected, atol=1e-6)
+
+
+# -- the lean LM step: remat, scanned layers, the padded vocabulary, packed sequences -------------
+LEAN = {"vocab_size": 300, "n_positions": 64, "n_embd": 64, "n_layer": 4, "n_head": 2}
+
+
+def next_token_loss(model: GPT2, batch: tuple[jax.Array, jax.Array]) -> jax.Array:
+    inputs, targets = batch
+    return cross_entropy_loss(model.features(inputs), model.head_weight(), targets, vocab_size=model.config.vocab_size)
+
+
+def stacked(unrolled: nnx.State, scanned: nnx.State, layers: int) -> nnx.State:
+    """``scanned``'s structure holding ``unrolled``'s values: ``blocks/<i>/<name>`` stacked into ``blocks/<name>``."""
+    flat = dict(nnx.to_flat_state(unrolled))
+    values = {path: jnp.stack([flat[("blocks", i, *path[1:])][...] for i in range(layers)]) if path[0] == "blocks"
+              else flat[path][...] for path, _ in nnx.to_flat_state(scanned)}
+    return nnx.from_flat_state([(path, variable.replace(values[path]))
+                                for path, variable in nnx.to_flat_state(scanned)])
+
+
+@pytest.fixture(scope="module")
+def variants() -> dict:
+    """``{name: (loss, grads, compiled)}`` of a batch for the plain, remat and scanned 4-layer models, same weights."""
+    sequences = tokens((8, 65), seed=9) % 300
+    batch = (sequences[:, :-1], sequences[:, 1:])
+    plain = nnx.state(GPT2(GPT2Config.preset("gpt2-tiny", **LEAN), rngs=nnx.Rngs(0)), nnx.Param)
+    step = jax.jit(jax.value_and_grad(lambda params, graphdef, rest, batch: next_token_loss(
+        nnx.merge(graphdef, params, rest), batch)), static_argnums=1)
+    results = {}
+    for name, overrides in {"none": {}, "dots": {"remat": "dots"}, "full": {"remat": "full"},
+                            "scan": {"scan_layers": True}, "scan+full": {"scan_layers": True, "remat": "full"}}.items():
+        model = GPT2(GPT2Config.preset("gpt2-tiny", **LEAN, **overrides), rngs=nnx.Rngs(0))
+        graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+        params = stacked(plain, params, 4) if "scan" in name else plain
+        compiled = step.lower(params, graphdef, rest, batch).compile()
+        loss, grads = compiled(params, rest, batch)
+        results[name] = (loss, grads, compiled)
+    return results
+
+
+@pytest.mark.parametrize("name", ["dots", "full", "scan", "scan+full"])
+def test_remat_and_scan_give_the_plain_models_loss_and_gradients(variants, name):
+    loss, grads, _ = variants["none"]
+    got_loss, got_grads, _ = variants[name]
+    np.testing.assert_allclose(got_loss, loss, rtol=1e-6)
+    if "scan" in name:
+        grads = stacked(grads, got_grads, 4)
+    for (path, got), (_, expected) in zip(nnx.to_flat_state(got_grads), nnx.to_flat_state(grads), strict=True):
+        np.testing.assert_allclose(got[...], expected[...], rtol=1e-5, atol=1e-7, err_msg=str(path))
+
+
+def test_remat_full_keeps_less_for_the_backward_pass(variants):
+    temp = {name: variants[name][2].memory_analysis().temp_size_in_bytes
+            for name in ("none", "dots", "full", "scan", "scan+full")}
+    assert temp["full"] < temp["dots"] < 0.5 * temp["none"]
+    assert temp["scan+full"] < 0.5 * temp["scan"]
+
+
+def test_scanned_layers_compile_one_block_in_a_loop(variants):
+    def ops(compiled) -> int:
+        return sum(" = " in line for line in compiled.as_text().splitlines())
+
+    unrolled, scanned = variants["none"][2].as_text(), variants["scan"][2].as_text()
+    assert " while(" in scanned and " while(" not in unrolled
+    assert ops(variants["scan"][2]) < 0.6 * ops(variants["none"][2])
+
+
+def test_scanned_layers_keep_the_partition_metadata_with_a_leading_layer_axis():
+    from jax.sharding import PartitionSpec as P
+
+    from composerjax.parallel import ParallelismConfig, partition_metadata
+
+    model = nnx.eval_shape(lambda: GPT2(GPT2Config.preset("gpt2-tiny", scan_layers=True, n_layer=4), rngs=nnx.Rngs(0)))
+    metadata = partition_metadata(model)
+    assert metadata["blocks/attention/qkv/kernel"] == P(None, None, "tensor")
+    assert metadata["blocks/mlp/down/kernel"] == P(None, "tensor", None)
+    # FSDP then shards a dimension the metadata leaves free, never the layer axis the scan walks.
+    spec = ParallelismConfig(fsdp=2, tensor=2).spec_for("blocks/attention/qkv/kernel", (4, 64, 192),
+                                                        {"data": 1, "fsdp": 2, "tensor": 2},
+                                                        metadata["blocks/attention/qkv/kernel"])
+    assert spec == P(None, "fsdp", "tensor")
+
+
+def test_a_scanned_model_decodes_and_generates_as_the_unrolled_one():
+    unrolled = GPT2(GPT2Config.preset("gpt2-tiny", n_layer=2, position="rotary"), rngs=nnx.Rngs(0))
+    scanned = GPT2(GPT2Config.preset("gpt2-tiny", n_layer=2, position="rotary", scan_layers=True), rngs=nnx.Rngs(0))
+    nnx.update(scanned, stacked(nnx.state(unrolled), nnx.state(scanned), 2))
+    prompt = tokens((2, 5), seed=6)
+    np.testing.assert_allclose(forward(scanned, prompt), forward(unrolled, prompt), atol=1e-5)
+    np.testing.assert_array_equal(generate(scanned, prompt, 6), generate(unrolled, prompt, 6))
+
+
+@pytest.mark.parametrize("layers", [{"scan_layers": True}, {"remat": "full"}, {"scan_layers": True, "remat": "dots"}])
+def test_dropout_in_scanned_or_recomputed_layers_draws_per_call_and_is_off_in_eval(layers):
+    model = GPT2(GPT2Config.preset("gpt2-tiny", n_layer=2, dropout=0.1, attention_dropout=0.1, **layers),
+                 rngs=nnx.Rngs(0))
+    call = nnx.jit(lambda model, x: model(x))
+    x = tokens((2, 8))
+    assert float(jnp.abs(call(model, x) - call(model, x)).max()) > 0
+    model.eval()
+    np.testing.assert_array_equal(call(model, x), call(model, x))
+
+
+def padded_and_unpadded() -> tuple[GPT2, GPT2]:
+    """The same GPT-2 with its 300 tokens padded to 320 rows (padding rows set large) and unpadded."""
+    config = GPT2Config.preset("gpt2-tiny", vocab_size=300, n_layer=1)
+    padded = GPT2(config, rngs=nnx.Rngs(0))
+    unpadded = GPT2(dataclasses.replace(config, pad_vocab_to_multiple=1), rngs=nnx.Rngs(0))
+    embedding = padded.tokens.embedding[...]
+    assert embedding.shape == (320, 64) and unpadded.tokens.embedding[...].shape == (300, 64)
+    assert float(jnp.abs(embedding[300:]).max()) == 0.0  # the padding rows start at zero
+    np.testing.assert_array_equal(embedding[:300], unpadded.tokens.embedding[...])  # the same real weights
+    # Rows that would win every argmax and dominate every softmax, were they not masked out.
+    padded.tokens.embedding[...] = embedding.at[300:].set(10.0)
+    return padded, unpadded
+
+
+def test_padded_vocabulary_rows_never_count_in_the_loss_or_win_in_generation():
+    padded, unpadded = padded_and_unpadded()
+    batch = (tokens((2, 12), seed=7) % 300, tokens((2, 12), seed=8) % 300)
+    np.testing.assert_allclose(next_token_loss(padded, batch), next_token_loss(unpadded, batch), rtol=1e-6)
+    logits = forward(padded, batch[0])
+    assert logits.shape == (2, 12, 300)
+    np.testing.assert_allclose(logits, forward(unpadded, batch[0]), atol=1e-5)
+    prompt = batch[0][:, :4]
+    greedy = generate(padded, prompt, 8)
+    np.testing.assert_array_equal(greedy, generate(unpadded, prompt, 8))
+    sampled = generate(padded, prompt, 8, temperature=2.0, rng=0)
+    assert int(sampled.max()) < 300
+    np.testing.assert_array_equal(sampled, generate(unpadded, prompt, 8, temperature=2.0, rng=0))
+    # FLOPs and MFU count the real vocabulary, padded or not.
+    assert flops_per_token(padded.config, 64) == flops_per_token(unpadded.config, 64)
+
+
+def test_packed_documents_do_not_attend_across_their_segments():
+    model = GPT2(GPT2Config.preset("gpt2-tiny", n_layer=2), rngs=nnx.Rngs(0))
+    model.eval()
+    call = nnx.jit(lambda model, x, segments: model(x, segment_ids=segments))
+    x = tokens((1, 10), seed=3)
+    segments = jnp.array([[0, 0, 0, 0, 1, 1, 1, 1, 1, 1]])
+    other_first_document = x.at[:, :4].set((x[:, :4] + 7) % 512)
+    packed, changed = call(model, x, segments), call(model, other_first_document, segments)
+    np.testing.assert_allclose(packed[:, 4:], changed[:, 4:], atol=1e-6)  # the second document never sees the first
+    assert float(jnp.abs(forward(model, x)[:, 4:] - forward(model, other_first_document)[:, 4:]).max()) > 1e-3
+
+
+def test_surgery_that_walks_the_blocks_one_at_a_time_needs_the_unrolled_model():
+    from composerjax.algorithms.alibi import apply_alibi
+    from composerjax.algorithms.gated_linear_units import apply_gated_linear_units
+
+    def scanned() -> GPT2:
+        return GPT2(GPT2Config.preset("gpt2-tiny", n_layer=2, scan_layers=True), rngs=nnx.Rngs(0))
+
+    with pytest.raises(TypeError, match="'GPT2Block' object is not iterable"):
+        apply_alibi(scanned(), max_sequence_length=256)
+    gated = scanned()
+    apply_gated_linear_units(gated)  # a gate of one layer's shape inside the stacked layers
+    with pytest.raises(ValueError):
+        forward(gated, tokens((1, 4)))
+
+
+SHARDED_SCRIPT = """
+import json
+import numpy as np, optax
+from composerjax import ArrayLoader, Trainer
+from composerjax.models.factories import gpt2
+from composerjax.parallel import ParallelismConfig
+
+tokens = np.random.default_rng(0).integers(0, 256, size=(16, 17)).astype(np.int32)
+report = {}
+for name, parallelism, devices in (("one", "ddp", 1), ("fsdp2_tensor2", ParallelismConfig(fsdp=2, tensor=2), "auto")):
+    model = gpt2("gpt2-tiny", vocab_size=256, n_positions=16, n_embd=32, n_layer=2, scan_layers=True, remat="full")
+    trainer = Trainer(model, ArrayLoader((tokens[:, :-1], tokens[:, 1:]), 8, seed=0), "2ba", optax.sgd(0.3),
+                      parallelism=parallelism, devices=devices, progress_bar=False, run_summary=False)
+    trainer.fit()
+    params = trainer.state.train_state.params
+    kernel = params["module"]["blocks"]["attention"]["qkv"]["kernel"]
+    report[name] = {"loss": float(trainer.state.loss), "qkv": str(kernel.sharding.spec),
+                    "values": np.asarray(kernel).ravel()[:64].tolist()}
+print(json.dumps(report))
+"""
+
+
+def test_scanned_layers_train_sharded_over_fsdp_and_tensor_devices():
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
+    done = subprocess.run([sys.executable, "-c", SHARDED_SCRIPT], env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    one, sharded = report["one"], report["fsdp2_tensor2"]
+    # The layer axis stays whole (the scan walks it); tensor and fsdp split the kernel's own dimensions.
+    assert sharded["qkv"] == "P(None, 'fsdp', 'tensor')"
+    assert sharded["loss"] == pytest.approx(one["loss"], rel=1e-5)
+    np.testing.assert_allclose(sharded["values"], one["values"], rtol=1e-5, atol=1e-6)
