@@ -101,33 +101,12 @@ if "mlflow" in trackers:
     found["mlflow"] = {"status": run.info.status, **history}
 
 if "wandb" in trackers:
-    from wandb.proto import wandb_internal_pb2
-
-    def records(path):
-        """A .wandb file: a 7-byte header, then LevelDB-log blocks of 32 KiB (chunks: CRC, length, kind)."""
-        data = open(path, "rb").read()
-        assert data[:4] == b":W&B"
-        block, position, pending = 32768, 7, b""
-        while position < len(data):
-            left = block - position % block
-            if left < 7:
-                position += left
-                continue
-            _, length, kind = struct.unpack("<IHB", data[position:position + 7])
-            if kind == 0:
-                position += left
-                continue
-            pending += data[position + 7:position + 7 + length]
-            position += 7 + length
-            if kind in (1, 4):  # full, or last chunk
-                record = wandb_internal_pb2.Record()
-                record.ParseFromString(pending)
-                yield record
-                pending = b""
+    sys.path.insert(0, sys.argv[3])  # tests/loggers: the .wandb reader the W&B tests use
+    from wandb_records import records_in
 
     (path,) = glob.glob(os.path.join(out, "wandb", "offline-run-*", "run-*.wandb"))
     rows, exit_codes = [], []
-    for record in records(path):
+    for record in records_in(path):
         kind = record.WhichOneof("record_type")
         if kind == "history":
             rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
@@ -190,7 +169,8 @@ def read_back(folder: Path, trackers: str = "mlflow,wandb,tensorboard,file") -> 
     """What each tracker holds, read by a fresh process with the tracker's own client."""
     script = folder.parent / "read.py"
     script.write_text(READ)
-    result = subprocess.run([sys.executable, str(script), str(folder), trackers], env=environment(folder / "reader"),
+    result = subprocess.run([sys.executable, str(script), str(folder), trackers, str(Path(__file__).parent)],
+                            env=environment(folder / "reader"),
                             capture_output=True, text=True, timeout=WATCHDOG_S)
     assert result.returncode == 0, result.stderr[-4000:]
     return json.loads(result.stdout.strip().splitlines()[-1])

@@ -3,7 +3,6 @@
 import base64
 import hashlib
 import json
-import struct
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -15,11 +14,13 @@ import optax
 import pytest
 import wandb
 from PIL import Image
-from wandb.proto import wandb_internal_pb2
 
 from composerjax import ArrayLoader, Callback, Trainer
 from composerjax.loggers import InMemoryLogger
 from composerjax.loggers.wandb_logger import WandBLogger
+
+sys.path.insert(0, str(Path(__file__).parent))
+from wandb_records import records_in  # noqa: E402
 
 LOSS = "loss/train/total"
 ACCURACY = "metrics/eval/MulticlassAccuracy"
@@ -55,32 +56,11 @@ def read_records(wandb_dir: Path) -> list:
     ``run.finish()`` returns before W&B's service has written an offline run's file;
     ``wandb.teardown()`` (what W&B runs at exit) waits until it has.
 
-    A ``.wandb`` file is a 7-byte header (``:W&B``, magic 0xBEE1, version 0) followed by LevelDB-log
-    blocks of 32 KiB: each chunk has a 7-byte header (CRC, length, kind: 1 full, 2 first, 3 middle,
-    4 last) and a record may span chunks. wandb 0.31 has no Python reader (its Go core reads them).
+    The file is read by ``wandb_records.records_in`` (wandb has no Python reader).
     """
     wandb.teardown()
     (path,) = wandb_dir.glob("wandb/offline-run-*/run-*.wandb")
-    data = path.read_bytes()
-    assert struct.unpack("<4sHB", data[:7]) == (b":W&B", 0xBEE1, 0)
-    block, position, pending, records = 32768, 7, b"", []
-    while position < len(data):
-        left = block - position % block
-        if left < 7:
-            position += left  # a block's tail too short for a chunk header is padding
-            continue
-        _, length, kind = struct.unpack("<IHB", data[position:position + 7])
-        if kind == 0:
-            position += left
-            continue
-        pending += data[position + 7:position + 7 + length]
-        position += 7 + length
-        if kind in (1, 4):
-            record = wandb_internal_pb2.Record()
-            record.ParseFromString(pending)
-            records.append(record)
-            pending = b""
-    return records
+    return list(records_in(path))
 
 
 def records_of(records, kind: str) -> list:
