@@ -362,20 +362,17 @@ def _xla_block(query: jax.Array, key: jax.Array, value: jax.Array, bias: jax.Arr
 
 def _xla_attention(query: jax.Array, key: jax.Array, value: jax.Array, bias: jax.Array | None,
                    mask: jax.Array | None, *, causal: bool, scale: float, q_lengths: jax.Array | None,
-                   kv_lengths: jax.Array | None) -> jax.Array:
-    return jax.nn.dot_product_attention(query, key, value, bias=bias, mask=mask, scale=scale, is_causal=causal,
-                                        query_seq_lengths=q_lengths, key_value_seq_lengths=kv_lengths,
-                                        implementation="xla")
-
-
-def _cudnn_attention(query: jax.Array, key: jax.Array, value: jax.Array, bias: jax.Array | None,
-                     mask: jax.Array | None, *, causal: bool, scale: float, q_lengths: jax.Array | None,
-                     kv_lengths: jax.Array | None) -> jax.Array:
+                   kv_lengths: jax.Array | None, implementation: str = "xla") -> jax.Array:
     # is_causal, not a boolean causal mask: cuDNN turns any mask into a full-size bias, but skips
     # the masked blocks of a causal one.
     return jax.nn.dot_product_attention(query, key, value, bias=bias, mask=mask, scale=scale, is_causal=causal,
                                         query_seq_lengths=q_lengths, key_value_seq_lengths=kv_lengths,
-                                        implementation="cudnn")
+                                        implementation=implementation)
+
+
+def _cudnn_attention(*args: Any, **kwargs: Any) -> jax.Array:
+    """:func:`_xla_attention`'s call on cuDNN's fused kernel (a name of its own, so tests can stand in for it)."""
+    return _xla_attention(*args, **kwargs, implementation="cudnn")
 
 
 def _pallas_attention(query: jax.Array, key: jax.Array, value: jax.Array, segment_ids: jax.Array | None,

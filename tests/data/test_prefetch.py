@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import time
+import threading
 
 import numpy as np
 import pytest
@@ -36,14 +36,18 @@ def test_threaded_batches_and_positions_equal_plain_iteration():
 
 def test_close_puts_the_loader_back_after_the_last_batch_taken():
     loader = array_loader()
-    prefetcher = DevicePrefetcher(loader, place=lambda batch: batch, depth=2, start_thread=True)
+    fifth_taken = threading.Event()
+
+    def place(batch):  # the thread places each batch it took; the fifth is the one it then waits to queue
+        if loader.state_dict()["batch_in_epoch"] == 5:
+            fifth_taken.set()
+        return batch
+
+    prefetcher = DevicePrefetcher(loader, place=place, depth=2, start_thread=True)
     first, second = next(prefetcher), next(prefetcher)
-    # The thread queues batches 3 and 4 and waits with batch 5: the loader ends 3 batches further, however
-    # long the thread takes to get there (the deadline only guards against a hang).
-    deadline = time.monotonic() + 120
-    while prefetcher._queue.qsize() < 2 or loader.state_dict()["batch_in_epoch"] < 5:
-        assert time.monotonic() < deadline, loader.state_dict()
-        time.sleep(0.001)
+    # The thread queues batches 3 and 4 and waits with batch 5: the loader is 3 batches further, however
+    # long the thread takes to get there (the event, not a clock, says when it has).
+    assert fifth_taken.wait(300)  # a hang guard only
     assert loader.state_dict()["batch_in_epoch"] == 5
     prefetcher.close()
     assert loader.state_dict() == {"epoch": 0, "batch_in_epoch": 2, "seed": 3}

@@ -18,7 +18,6 @@ tracker): every step of ``loss/train/total`` must be there, with the values the 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
@@ -29,10 +28,6 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-
-pytestmark = pytest.mark.skipif(
-    any(importlib.util.find_spec(name) is None for name in ("mlflow", "wandb", "tensorboard")),
-    reason="needs mlflow, wandb and tensorboard (the dev extras)")
 
 LOSS = "loss/train/total"
 ACCURACY = "metrics/eval/MulticlassAccuracy"
