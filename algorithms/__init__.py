@@ -24,6 +24,7 @@ from composerjax.algorithms.gradient_clipping import GradientClipping, clip_grad
 from composerjax.algorithms.gyro_dropout import GyroDropout, apply_gyro_dropout
 from composerjax.algorithms.label_smoothing import LabelSmoothing, smooth_labels
 from composerjax.algorithms.layer_freezing import LayerFreezing, freeze_layers
+from composerjax.algorithms.lora import LoRA, apply_lora, merge_lora, save_lora_adapter
 from composerjax.algorithms.low_precision_groupnorm import LowPrecisionGroupNorm, apply_low_precision_groupnorm
 from composerjax.algorithms.low_precision_layernorm import LowPrecisionLayerNorm, apply_low_precision_layernorm
 from composerjax.algorithms.mixup import MixUp, mixup_batch
@@ -55,6 +56,7 @@ __all__ = [
     "GyroDropout",
     "LabelSmoothing",
     "LayerFreezing",
+    "LoRA",
     "LowPrecisionGroupNorm",
     "LowPrecisionLayerNorm",
     "MixUp",
@@ -79,6 +81,7 @@ __all__ = [
     "apply_ghost_batchnorm",
     "apply_gyro_dropout",
     "apply_low_precision_groupnorm",
+    "apply_lora",
     "apply_low_precision_layernorm",
     "apply_squeeze_excite",
     "apply_stochastic_depth",
@@ -93,11 +96,13 @@ __all__ = [
     "cutout_batch",
     "freeze_layers",
     "ghost_batch_norm",
+    "merge_lora",
     "mixup_batch",
     "randaugment_batch",
     "randaugment_image",
     "resize_batch",
     "sam_gradients",
+    "save_lora_adapter",
     "select_using_loss",
     "set_batch_sequence_length",
     "smooth_labels",

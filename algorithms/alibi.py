@@ -116,7 +116,8 @@ def apply_alibi(model: nnx.Module, max_sequence_length: int = 8192) -> int:
     Every ``CausalSelfAttention`` becomes an ``AlibiAttention`` (same weights), every
     ``PositionEmbedding`` becomes a ``NoPositionEmbedding`` (its parameters are dropped), and every
     submodule with an integer ``max_length`` attribute (``TinyGPT``) accepts up to
-    ``max_sequence_length`` tokens.
+    ``max_sequence_length`` tokens. A Llama-class model (``LlamaAttention``: rotary positions) is
+    refused with a ``ValueError`` that says why.
 
     Example:
         >>> from composerjax.models import TinyGPT
@@ -128,6 +129,7 @@ def apply_alibi(model: nnx.Module, max_sequence_length: int = 8192) -> int:
     """
     if isinstance(max_sequence_length, bool) or not isinstance(max_sequence_length, int) or max_sequence_length < 1:
         raise ValueError(f"max_sequence_length={max_sequence_length!r}: expected a positive integer")
+    _refuse_rotary(model)
 
     def to_alibi(attention: CausalSelfAttention) -> nnx.Module:
         return attention if isinstance(attention, AlibiAttention) else AlibiAttention(attention)
@@ -142,11 +144,27 @@ def apply_alibi(model: nnx.Module, max_sequence_length: int = 8192) -> int:
     return after - before + gpt2_replaced
 
 
+def _refuse_rotary(model: nnx.Module) -> None:
+    """Raise if ``model`` holds Llama-class attention: it encodes positions with RoPE, ALiBi has nothing to replace."""
+    from composerjax.models.llama import LlamaAttention
+
+    for path, module in nnx.iter_modules(model):
+        if isinstance(module, LlamaAttention):
+            where = "/".join(map(str, path))
+            raise ValueError(
+                f"Alibi cannot be applied to this model: its attention {where!r} is Llama-class "
+                "(LlamaAttention), which encodes positions with rotary embeddings (RoPE) inside every layer and has "
+                "no position-embedding table to drop. ALiBi's biases on top of RoPE would be two position schemes "
+                "the model was never trained with, and no Hugging Face architecture to export to. Remove Alibi for "
+                "Llama, Mistral and Qwen2 models (it applies to TinyGPT and GPT-2).")
+
+
 def _gpt2_to_alibi(model: nnx.Module, max_sequence_length: int) -> int:
     """Switch every :class:`~composerjax.models.GPT2` in ``model`` to ``position='alibi'``; count as for TinyGPT.
 
-    Each attention counts one and a dropped learned position table one more; ``n_positions``
-    becomes ``max_sequence_length`` (ALiBi has no table to outgrow).
+    Each attention counts one (the ``n_layer`` layers of scanned blocks too) and a dropped learned
+    position table one more; ``n_positions`` becomes ``max_sequence_length`` (ALiBi has no table to
+    outgrow).
     """
     replaced = 0
     for _, module in list(nnx.iter_modules(model)):
@@ -157,9 +175,10 @@ def _gpt2_to_alibi(model: nnx.Module, max_sequence_length: int) -> int:
             del module.position
             replaced += 1
         module.config = config
-        for block in module.blocks:
+        # Scanned layers are one stacked block (arrays with a leading layer axis): one attention to switch.
+        for block in [module.blocks] if config.scan_layers else module.blocks:
             block.attention.config = config
-            replaced += 1
+        replaced += config.n_layer
     return replaced
 
 

@@ -49,6 +49,23 @@ def _constant(value: jax.Array) -> Any:
     return lambda key, shape, dtype=None: jnp.asarray(value, dtype if dtype is not None else value.dtype)
 
 
+def _per_layer(initializer: Any, layers: tuple[int, ...]) -> Any:
+    """``initializer`` drawn once per layer along the leading ``layers`` axes (scanned blocks), each its own key."""
+    if not layers:
+        return initializer
+    inner = _per_layer(initializer, layers[1:])
+
+    def draw(key: jax.Array, shape: tuple[int, ...], dtype: Any = jnp.float32) -> jax.Array:
+        return jax.vmap(lambda layer_key: inner(layer_key, shape, dtype))(jax.random.split(key, layers[0]))
+
+    return draw
+
+
+def _named(initializer: Any, names: tuple[str | None, ...] | None) -> Any:
+    """``initializer`` with partition metadata ``names`` (none: as it is)."""
+    return initializer if names is None else nnx.with_partitioning(initializer, names, eager_sharding=False)
+
+
 def glu_from_feed_forward(
     feed_forward: FeedForward,
     act_fn: Activation | None = None,
@@ -62,14 +79,25 @@ def glu_from_feed_forward(
     The new ``gate`` Linear (``dim -> hidden``) has nnx.Linear's default initialisation from ``rngs``
     and a zero bias when ``gated_layer_bias``. ``up`` keeps its kernel; it keeps its bias only with
     ``non_gated_layer_bias`` (a zero bias is added if it had none). ``act_fn`` defaults to the block's
-    own ``act_fn`` attribute, else GELU (``FeedForward``'s activation).
+    own ``act_fn`` attribute, else GELU (``FeedForward``'s activation). Scanned blocks (GPT-2 with
+    ``scan_layers=True``: one block whose arrays have a leading layer axis) get a gate per layer,
+    stacked the same way. The gate and ``up`` keep the old ``up``'s partition metadata.
     """
     old_up = feed_forward.up
+    layers = old_up.kernel[...].shape[:-2]  # () for one block; (n_layer,) for scanned blocks
     common = {"dtype": old_up.dtype, "param_dtype": old_up.param_dtype, "precision": old_up.precision}
-    gate = nnx.Linear(old_up.in_features, old_up.out_features, use_bias=gated_layer_bias, rngs=rngs, **common)
-    up_bias = _constant(old_up.bias[...]) if old_up.use_bias else nnx.initializers.zeros
+    # The gate and the new up split over the devices as the old up did (its kernel's names; the bias's
+    # drop the input axis).
+    kernel_names = old_up.kernel.get_metadata().get("out_sharding")
+    bias_names = None if kernel_names is None else (*kernel_names[:-2], kernel_names[-1])
+    bias_init = _named(_per_layer(nnx.initializers.zeros_init(), layers), bias_names)
+    gate = nnx.Linear(old_up.in_features, old_up.out_features, use_bias=gated_layer_bias,
+                      kernel_init=_named(_per_layer(nnx.nn.linear.default_kernel_init, layers), kernel_names),
+                      bias_init=bias_init, rngs=rngs, **common)
+    up_bias = _named(_constant(old_up.bias[...]), bias_names) if old_up.use_bias else bias_init
     up = nnx.Linear(old_up.in_features, old_up.out_features, use_bias=non_gated_layer_bias,
-                    kernel_init=_constant(old_up.kernel[...]), bias_init=up_bias, rngs=rngs, **common)
+                    kernel_init=_named(_constant(old_up.kernel[...]), kernel_names), bias_init=up_bias, rngs=rngs,
+                    **common)
     activation = act_fn if act_fn is not None else getattr(feed_forward, "act_fn", nnx.gelu)
     return GLUFeedForward(gate, up, feed_forward.down, activation)
 
@@ -102,6 +130,16 @@ def apply_gated_linear_units(
     rngs = rngs if isinstance(rngs, nnx.Rngs) else nnx.Rngs(params=rngs)
     return replace_modules(model, {FeedForward: lambda old: glu_from_feed_forward(
         old, act_fn, gated_layer_bias, non_gated_layer_bias, rngs=rngs)})
+
+
+def _why_no_feed_forward(model: nnx.Module) -> str:
+    """Why :func:`apply_gated_linear_units` found nothing: a Llama-class MLP is already gated (SwiGLU)."""
+    from composerjax.models.llama import LlamaMLP
+
+    if any(isinstance(module, LlamaMLP) for _, module in nnx.iter_modules(model)):
+        return ("the model's MLPs are Llama-class (LlamaMLP), already gated linear units "
+                "(SwiGLU: down(silu(gate(x)) * up(x))), so there is nothing to convert")
+    return "the model has no FeedForward block"
 
 
 def _validate(act_fn: Any, gated_layer_bias: Any, non_gated_layer_bias: Any) -> None:
@@ -149,7 +187,7 @@ class GatedLinearUnits(Algorithm):
                                             self.non_gated_layer_bias, rngs)
         logger.log_hyperparameters({"gated_linear_units/num_replacements": replaced})
         if replaced == 0:
-            warnings.warn("GatedLinearUnits had no effect: the model has no FeedForward block", UserWarning,
+            warnings.warn(f"GatedLinearUnits had no effect: {_why_no_feed_forward(state.model)}", UserWarning,
                           stacklevel=2)
 
     def __repr__(self) -> str:

@@ -6,6 +6,10 @@ Four measurements in one run:
    parameters, numpy batches into one donated ``jax.jit`` step, optax clip + adamw with the same
    cosine-with-warmup schedule), same model, batches and precision; interleaved rounds after a
    warm-up pass whose last losses must agree. Tokens/s of both and engine / hand (target >= 0.97).
+   Where ``torch`` imports, PyTorch races in the same rounds (``--torch``, ``lm_torch.py``): the
+   same GPT-2 by hand under ``torch.compile`` (and eager), and Composer's ``Trainer`` with
+   ``compile_config={}`` where ``composer`` imports; their rows and the ``engine/row`` ratios sit in
+   the same table, and one line says why a side skipped.
 2. **FLOP/s and MFU.** XLA's FLOPs of each compiled step and the model's ``6N + attention``
    FLOPs per token, times the measured rate; MFU against the GPU's dense bf16 peak.
 3. **Time to a target validation loss**, median of the seeds: the baseline, and Composer's LLM
@@ -24,7 +28,10 @@ Run: ``.venv/bin/python benchmarks/lm.py [--quick] [--config gpt2-small] [--plot
 ``--quick`` is a smoke test (about 2 minutes on 2 CPU cores), the default about 10 minutes on 2
 cores, ``--config gpt2-small`` the 124M model at 1024 tokens for an accelerator. Part 5 alone:
 ``.venv/bin/python benchmarks/lm.py --skip race,loss,memory --lean gpt2-small,gpt2-medium --lean-batch 8x1024``
-(``--lean gpt2-tiny,gpt2-tiny --lean-batch 2x64`` is its smoke test).
+(``--lean gpt2-tiny,gpt2-tiny --lean-batch 2x64`` is its smoke test). ``--xla-gpu-flags on|off``
+keeps or takes out ``composerjax.xla_flags.GPU_XLA_FLAGS`` (run once with each to measure them). The
+PyTorch side's smoke test on CPU: ``--config gpt2-tiny --skip loss,memory --race-batches 2 --race-rounds 1
+--batch-size 4 --max-files 20``.
 """
 
 from __future__ import annotations
@@ -56,7 +63,6 @@ from lm_steps import (  # noqa: E402
     peak_flops,
     step_costs,
 )
-from overhead import race  # noqa: E402
 
 from composerjax import Callback  # noqa: E402
 from composerjax import algorithms as alg  # noqa: E402
@@ -136,34 +142,81 @@ def flops_text(value: float | None) -> str:
     return f"{value / 1e6:.3g} MFLOP/s"
 
 
-def throughput(profile: Profile, batches: list[Any], precisions: list[str]) -> list[dict[str, Any]]:
+def race_all(contenders: dict[str, Any], rounds: int) -> dict[str, list[float]]:
+    """Interleaved rounds of every contender's ``run()``, the order rotating each round; tokens/s per round."""
+    names = list(contenders)
+    rates: dict[str, list[float]] = {name: [] for name in names}
+    for round_index in range(rounds):
+        shift = round_index % len(names)
+        for name in names[shift:] + names[:shift]:
+            rates[name].append(contenders[name].run())
+    return rates
+
+
+def engine_ratios(rates: dict[str, list[float]]) -> dict[str, float]:
+    """Engine / each contender as total tokens over total time (harmonic means of equal-token rounds' rates)."""
+    engine = statistics.harmonic_mean(rates["engine"])
+    return {name: engine / statistics.harmonic_mean(values) for name, values in rates.items()}
+
+
+def throughput(profile: Profile, batches: list[Any], precisions: list[str], torch_loops: list[str] = (),
+               torch_side: Any = None) -> list[dict[str, Any]]:
+    """Parts 1-2: the engine, the hand-written JAX step and the PyTorch loops (``torch_side``: lm_torch), one race."""
     job, device = profile.job, jax.devices()[0]
     peak = peak_flops(device)
-    print(f"\n== 1-2. Engine against a hand-written jax.jit + optax loop: {profile.race_rounds} interleaved rounds of "
-          f"{profile.race_batches} batches after a warm-up pass; tokens/s are medians, engine/hand is total tokens "
-          f"over total time (target >= 0.97)")
+    torch_loops = list(torch_loops) if torch_side is not None else []
+    others = f" and PyTorch ({', '.join(torch_loops)})" if torch_loops else ""
+    print(f"\n== 1-2. Engine against a hand-written jax.jit + optax loop{others}: {profile.race_rounds} interleaved "
+          f"rounds of {profile.race_batches} batches after a warm-up pass; tokens/s are medians, engine/row is total "
+          f"tokens over total time (target >= 0.97 against hand)")
     print(f"model FLOPs/token (6N + attention) {job.model_flops_per_step / job.tokens_per_step:,.0f}; peak "
           + (f"{flops_text(peak)} dense bf16 ({device.device_kind})" if peak else
              ("n/a on CPU" if device.platform == "cpu" else f"unknown for {device.device_kind}")))
-    print(f"{'precision':10s} {'loop':7s} {'tokens/s':>10s} {'XLA GFLOP/step':>15s} {'XLA FLOP/s':>14s} "
-          f"{'model FLOP/s':>14s} {'MFU':>7s} {'peak MiB':>9s} {'warm-up loss':>13s}")
+    if torch_loops:
+        print("PyTorch rows: peak MiB is torch.cuda.max_memory_allocated over the warm-up (n/a on CPU); XLA columns "
+              "n/a; MFU on the same 6N + attention FLOPs and peak")
+    print(f"{'precision':10s} {'loop':22s} {'tokens/s':>10s} {'XLA GFLOP/step':>15s} {'XLA FLOP/s':>14s} "
+          f"{'model FLOP/s':>14s} {'MFU':>7s} {'peak MiB':>9s} {'warm-up loss':>13s} {'engine/row':>11s}")
     rows = []
     for precision in precisions:
-        hand, engine = HandRun(job, batches, precision), EngineRun(job, batches, precision)
-        result = race(hand, engine, profile.race_rounds)
-        for loop, run, rate in (("hand", hand, result["first"]), ("engine", engine, result["second"])):
+        contenders: dict[str, Any] = {"hand": HandRun(job, batches, precision),
+                                      "engine": EngineRun(job, batches, precision)}
+        skipped: list[str] = []
+        if torch_loops:
+            runs, skipped = torch_side.torch_runs(job, batches, precision, torch_loops)
+            contenders.update(runs)
+        rates = race_all(contenders, profile.race_rounds)
+        ratios = engine_ratios(rates)
+        first = len(rows)
+        for loop, run in contenders.items():
+            rate = statistics.median(rates[loop])
             steps = rate / job.tokens_per_step
-            xla = run.costs["flops"] * steps if run.costs["flops"] else None
+            costs = run.costs if hasattr(run, "costs") else {"flops": None, "peak_bytes": run.peak_bytes}
+            xla = costs["flops"] * steps if costs["flops"] else None
             model = job.model_flops_per_step * steps
             mfu = f"{model / peak:7.1%}" if peak else f"{'n/a':>7s}"
-            xla_per_step = f"{run.costs['flops'] / 1e9:15.2f}" if run.costs["flops"] else f"{'n/a':>15s}"
-            print(f"{precision:10s} {loop:7s} {rate:10.0f} {xla_per_step} {flops_text(xla):>14s} "
-                  f"{flops_text(model):>14s} {mfu} {run.costs['peak_bytes'] / 2**20:9.1f} {run.warmup_loss:13.6f}")
+            xla_per_step = f"{costs['flops'] / 1e9:15.2f}" if costs["flops"] else f"{'n/a':>15s}"
+            memory = f"{costs['peak_bytes'] / 2**20:9.1f}" if costs["peak_bytes"] else f"{'n/a':>9s}"
+            print(f"{precision:10s} {loop:22s} {rate:10.0f} {xla_per_step} {flops_text(xla):>14s} "
+                  f"{flops_text(model):>14s} {mfu} {memory} {run.warmup_loss:13.6f} {ratios[loop]:11.3f}")
             rows.append({"precision": precision, "loop": loop, "tokens/s": rate, "mfu": model / peak if peak else None,
-                         "xla_flops": xla, "model_flops": model, "peak_bytes": run.costs["peak_bytes"]})
-        rows[-1].update(ratio=result["ratio"], hand_mfu=rows[-2]["mfu"], hand_tokens=result["first"])
-        print(f"{precision:10s} engine/hand {result['ratio']:.3f}; compiles {engine.trainer.state.compile_count}; "
-              f"warm-up loss difference {abs(engine.warmup_loss - hand.warmup_loss):.2e}", flush=True)
+                         "xla_flops": xla, "model_flops": model, "peak_bytes": costs["peak_bytes"],
+                         "engine/row": ratios[loop]})
+        engine_row = next(row for row in rows[first:] if row["loop"] == "engine")
+        hand_row = next(row for row in rows[first:] if row["loop"] == "hand")
+        engine_row.update(ratio=ratios["hand"], hand_mfu=hand_row["mfu"], hand_tokens=hand_row["tokens/s"],
+                          torch={name: ratios[name] for name in contenders if name not in ("hand", "engine")},
+                          torch_skipped=skipped)
+        engine = contenders["engine"]
+        versus = "".join(f"; engine/{name} {ratios[name]:.3f}" for name in contenders if name not in ("hand", "engine"))
+        difference = abs(engine.warmup_loss - contenders["hand"].warmup_loss)
+        print(f"{precision:10s} engine/hand {ratios['hand']:.3f}{versus}; compiles "
+              f"{engine.trainer.state.compile_count}; warm-up loss difference {difference:.2e}", flush=True)
+        for line in skipped:
+            print(line)
+        del contenders, engine
+        if torch_loops:
+            torch_side.release_memory()  # the next precision's JAX steps get the GPU memory PyTorch cached
     if peak is None:
         print("MFU: n/a on CPU" if device.platform == "cpu" else f"MFU: no peak listed for {device.device_kind}")
     return rows
@@ -361,6 +414,44 @@ def lean(memory_preset: str, compile_preset: str, batch: int, seq_len: int) -> d
     return results
 
 
+def torch_loops(text: str) -> list[str]:
+    """``--torch``'s value as a list of loops from ``lm_torch.LOOPS`` (``'none'``: an empty list)."""
+    accepted = ("compile", "eager", "composer")
+    loops = [] if text.strip() == "none" else [loop.strip() for loop in text.split(",") if loop.strip()]
+    wrong = [loop for loop in loops if loop not in accepted]
+    if wrong:
+        raise argparse.ArgumentTypeError(f"--torch {text!r}: {', '.join(wrong)} unknown; expected a comma-separated "
+                                         f"list of {', '.join(accepted)}, or none")
+    return loops
+
+
+def import_torch_side() -> tuple[Any, str | None]:
+    """``(lm_torch, None)`` where torch imports, else ``(None, the one line saying why the PyTorch side skipped)``."""
+    try:
+        import torch  # noqa: F401
+    except ImportError as error:
+        return None, f"PyTorch side skipped: torch does not import ({type(error).__name__}: {error})"
+    import lm_torch
+
+    return lm_torch, None
+
+
+def xla_gpu_flags(setting: str, torch_too: bool) -> None:
+    """``--xla-gpu-flags``: take composerjax's GPU flags out of XLA_FLAGS, or put them in; before JAX starts.
+
+    With PyTorch on the same GPU, JAX must not take 75% of its memory up front: preallocation off
+    (unless the user set it).
+    """
+    from composerjax import xla_flags
+
+    if setting == "off":
+        xla_flags.remove_gpu_xla_flags()
+    else:
+        xla_flags.apply_gpu_xla_flags(enabled=True)
+    if torch_too:
+        os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="tiny budgets: a smoke test of every part")
@@ -373,9 +464,26 @@ def main() -> None:
                         help="part 5 (off by default): the presets for the memory table and the compile times, e.g. "
                              "gpt2-small,gpt2-medium")
     parser.add_argument("--lean-batch", default="8x1024", metavar="BxT", help="part 5's batch (default 8x1024)")
+    parser.add_argument("--torch", default="compile,composer", type=torch_loops, metavar="LOOPS",
+                        help="the PyTorch loops beside the engine in parts 1-2, comma-separated from compile, eager, "
+                             "composer, or none (default compile,composer); they run where torch imports")
+    parser.add_argument("--xla-gpu-flags", default="on", choices=["on", "off"],
+                        help="composerjax.xla_flags.GPU_XLA_FLAGS in XLA_FLAGS on a GPU (default on): run once with "
+                             "each to measure them")
+    parser.add_argument("--race-batches", type=int, default=None, help="batches per race round (default: profile's)")
+    parser.add_argument("--race-rounds", type=int, default=None, help="race rounds (default: the profile's)")
+    parser.add_argument("--batch-size", type=int, default=None, help="the job's batch size (default: the profile's)")
+    parser.add_argument("--max-files", type=int, default=None, help="stdlib files for the data (default: profile's)")
     args = parser.parse_args()
     profile = PROFILES["quick" if args.quick else args.config]
+    overrides = {name: getattr(args, name) for name in ("race_batches", "race_rounds", "max_files")
+                 if getattr(args, name) is not None}
+    if args.batch_size is not None:
+        overrides["job"] = dataclasses.replace(profile.job, batch_size=args.batch_size)
+    profile = dataclasses.replace(profile, **overrides)
     job = profile.job
+    torch_side, torch_skip = import_torch_side() if args.torch else (None, "PyTorch side skipped: --torch none")
+    xla_gpu_flags(args.xla_gpu_flags, torch_side is not None)
     label = f"{'quick' if args.quick else args.config}: d{job.config.n_embd} L{job.config.n_layer}, b{job.batch_size}"
     device = jax.devices()[0]
     precision = args.precision or ("amp_bf16" if device.platform == "gpu" else "fp32")
@@ -384,11 +492,15 @@ def main() -> None:
     print(f"jax {jax.__version__} on {device.platform} ({device.device_kind}), {len(jax.devices())} device(s); "
           f"profile {label}")
     print(f"job: {profile.job.describe()}")
+    print(torch_skip or f"PyTorch side: torch {torch_side.torch.__version__} on {torch_side.torch_device()}, loops "
+          f"{', '.join(args.torch)}")
+    print(f"--xla-gpu-flags {args.xla_gpu_flags}; XLA_FLAGS: {os.environ.get('XLA_FLAGS') or '(empty)'}; "
+          f"XLA_PYTHON_CLIENT_PREALLOCATE: {os.environ.get('XLA_PYTHON_CLIENT_PREALLOCATE', '(unset)')}")
     results: dict[str, Any] = {}
     if {"race", "loss"} - skip:
         data, race_batches, evaluation = load_data(profile)
     if "race" not in skip:
-        results["race"] = throughput(profile, race_batches, args.precisions.split(","))
+        results["race"] = throughput(profile, race_batches, args.precisions.split(","), args.torch, torch_side)
     if "loss" not in skip:
         results["loss"] = time_to_loss(profile, data.train, evaluation, precision, args.plot)
     if "memory" not in skip:
@@ -424,7 +536,8 @@ def summarise(results: dict[str, Any], precision: str, seconds: float) -> None:
             mfu = f", MFU engine {row['mfu']:.1%} hand {row['hand_mfu']:.1%}" if row["mfu"] is not None else ""
             print(f"throughput {row['precision']:9s} tokens/s engine {row['tokens/s']:.0f} hand "
                   f"{row['hand_tokens']:.0f}, engine/hand {row['ratio']:.3f}; engine {flops_text(row['xla_flops'])} "
-                  f"(XLA), {flops_text(row['model_flops'])} (6N + attention){mfu}")
+                  f"(XLA), {flops_text(row['model_flops'])} (6N + attention){mfu}"
+                  + "".join(f"; engine/{name} {ratio:.3f}" for name, ratio in row.get("torch", {}).items()))
     for name, row in results.get("loss", {}).items():
         when = f"{row['seconds']:.1f} s, {row['tokens']:,.0f} tokens" if math.isfinite(row["seconds"]) else (
             "not reached")

@@ -6,6 +6,13 @@ Example:
     Time(10, TimeUnit.EPOCH)
 """
 
+# XLA reads XLA_FLAGS when JAX's backend starts: the GPU options go in first (a no-op off GPU;
+# COMPOSERJAX_XLA_GPU_FLAGS=0 leaves them out, composerjax.xla_flags.remove_gpu_xla_flags() takes them back).
+from composerjax.xla_flags import apply_gpu_xla_flags, gpu_platform_requested
+
+if gpu_platform_requested():  # decided without starting JAX's backend
+    apply_gpu_xla_flags()
+
 # Started by `composerjax launch` (or with its variables set): jax.distributed must start before
 # anything touches JAX's backend, so before the rest of composerjax is imported.
 from composerjax import dist

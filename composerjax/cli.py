@@ -64,8 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
         description=(
             "Train a recipe (train), show what a recipe will run without training (explain), start a multi-process "
             "run on this machine (launch) and inspect finished runs: which algorithms ran where (traces), how "
-            "training went (plot) and what a language model learned (generate). 'composerjax COMMAND --help' "
-            "describes each command."
+            "training went (plot) and what a language model learned (generate), and write a run's model as a "
+            "Hugging Face folder (export). 'composerjax COMMAND --help' describes each command."
         ),
         epilog=_EXIT_STATUSES + "\n\nexample: composerjax train examples/digits_speedup.yaml --set max_duration=1ep",
         formatter_class=_HelpFormatter,
@@ -484,5 +484,11 @@ def _add_generate(subparsers: Any) -> None:
     add_generate(subparsers)
 
 
+def _add_export(subparsers: Any) -> None:
+    from composerjax.cli_export import add_export  # its own module (composerjax.cli_export)
+
+    add_export(subparsers)
+
+
 _SUBCOMMANDS: tuple[Callable[[Any], None], ...] = (_add_train, _add_explain, _add_launch, _add_traces, _add_plot,
-                                                   _add_generate)
+                                                   _add_generate, _add_export)

@@ -32,7 +32,7 @@ _EXIT_STATUSES_GENERATE = """exit statuses:
   0    success
   1    an unexpected error (one line; --debug shows the traceback)
   2    bad input: a missing run folder, recipe.yaml, tokenizer.json or checkpoint; a recipe with problems; a
-       model that is not a GPT2; a prompt or --max-new-tokens that does not fit the model's n_positions;
+       model that is not a GPT2 or Llama; a prompt or --max-new-tokens that does not fit the model's n_positions;
        --max-new-tokens < 1, --temperature < 0, --top-k < 1"""
 
 _RECIPE_HEADER = ("# The recipe this run ran, written by 'composerjax train' (--set overrides applied).\n"
@@ -124,8 +124,8 @@ def add_generate(subparsers: Any) -> None:
             "tokens. Temperature 0 takes the most likely token each step (greedy); above 0, tokens are sampled "
             "from softmax(logits / temperature), among the --top-k most likely if given, reproducibly for a "
             "--seed. A KV cache keeps each step to one new token, and every new token is generated in one "
-            "compiled call. Needs a GPT2 model (e.g. model: {name: gpt2}) and a language-model data factory that "
-            "saves its tokenizer in the run folder (e.g. data: {name: stdlib_lm})."
+            "compiled call. Needs a GPT2 or Llama model (e.g. model: {name: gpt2} or {name: llama}) and a "
+            "language-model data factory that saves its tokenizer in the run folder (e.g. data: {name: stdlib_lm})."
         ),
         epilog=_EXIT_STATUSES_GENERATE + "\n\nexamples:\n"
           "  composerjax generate runs/gpt2-stdlib --prompt \"def \" --max-new-tokens 64\n"
@@ -219,8 +219,9 @@ def _run_tokenizer(run_dir: str, config: Any) -> Any:
 
 
 def _build_model(config: Any) -> Any:
-    """The recipe's model, untrained; one that is not a GPT2 -> UsageError."""
+    """The recipe's model, untrained; one that is not a GPT2 or Llama -> UsageError."""
     from composerjax.models.gpt2 import GPT2
+    from composerjax.models.llama import Llama
     from composerjax.trainer.config import ConfigError, _instantiate
 
     try:
@@ -228,10 +229,11 @@ def _build_model(config: Any) -> Any:
     except ConfigError as error:
         raise UsageError(str(error)) from None
     module = getattr(model, "module", None)
-    if not isinstance(module, GPT2):
+    if not isinstance(module, (GPT2, Llama)):
         built = type(module if module is not None else model).__name__
-        raise UsageError(f"model.name={config.model.name!r} builds a {built}, not a composerjax.models.GPT2: it has no "
-                         "generation support (a KV-cache decode); train a model: {name: gpt2} to generate")
+        raise UsageError(f"model.name={config.model.name!r} builds a {built}, not a composerjax.models.GPT2 or Llama: "
+                         "it has no generation support (a KV-cache decode); train a model: {name: gpt2} or "
+                         "{name: llama} to generate")
     return model
 
 

@@ -43,6 +43,7 @@ class EventPlan:
     algorithms: list[str]
     moved_by: list[dict[str, Any]]
     batches: int | None = None  # traced events: at how many walked batches something matched
+    notes: list[str] = dataclasses.field(default_factory=list)  # what INIT surgery did (``explain_notes()``)
 
 
 @dataclasses.dataclass
@@ -70,6 +71,7 @@ class Explanation:
             lines.append(f"{plan.event} ({where}{extra})")
             for index, name in enumerate(plan.algorithms, 1):
                 lines.append(f"  {index}. {name}")
+            lines += [f"     {note}" for note in plan.notes]
             for move in plan.moved_by:
                 lines.append(f"  moved by {move['pass']}: {' -> '.join(move['before'])}  =>  "
                              f"{' -> '.join(move['after'])}")
@@ -302,7 +304,10 @@ def _walk(trainer: Any, conflicts: list[str]) -> Explanation:
     events = []
     interpolations: dict[tuple[str, ...], list[str]] = {}
     if init_traces:
-        events.append(EventPlan(Event.INIT.name, False, [t.name for t in init_traces], [], None))
+        ran = {t.name for t in init_traces}
+        notes = [f"{names[id(a)]}: {note}" for a in algorithms if names[id(a)] in ran
+                 for note in (a.explain_notes() if callable(getattr(a, "explain_notes", None)) else [])]
+        events.append(EventPlan(Event.INIT.name, False, [t.name for t in init_traces], [], None, notes))
     for event in Event:
         if event == Event.INIT or not prediction.matched_at[event]:
             continue

@@ -39,3 +39,24 @@ LM_RECIPE_OVERRIDES: dict[str, list[str]] = {
                                "data.worker_count=1", "model.vocab_size=512", "model.n_positions=64",
                                "model.n_layer=1"],
 }
+
+#: Example recipes that start from a pretrained folder, and the command (run in the recipe's working
+#: folder) that makes their offline stand-in, as the recipe's header says.
+PRETRAINED_EXAMPLES: dict[str, list[str]] = {
+    "finetune_llama.yaml": ["examples/make_tiny_pretrained.py", "runs/tiny-llama", "--train-examples", "64",
+                            "--eval-examples", "16", "--vocab-size", "400"],
+}
+
+
+def prepare_example(recipe_name: str, folder) -> None:
+    """Make what ``recipe_name`` reads before it starts (a pretrained stand-in) in ``folder``; nothing for most."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    command = PRETRAINED_EXAMPLES.get(recipe_name)
+    if command is None:
+        return
+    root = Path(__file__).resolve().parents[1]
+    subprocess.run([sys.executable, str(root / command[0]), *command[1:]], cwd=folder, check=True,
+                   capture_output=True, timeout=300)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import LM_RECIPE_OVERRIDES
+from conftest import LM_RECIPE_OVERRIDES, prepare_example
 
 from composerjax import registry
 from composerjax.cli import main
@@ -66,10 +66,12 @@ def test_example_recipe_validates_and_explains(recipe, tmp_path):
     assert config.model.name and config.data.name and config.max_duration
 
     cpu_sized = [word for override in LM_RECIPE_OVERRIDES.get(recipe.name, []) for word in ("--set", override)]
+    prepare_example(recipe.name, tmp_path)
+    before = sorted(str(path) for path in tmp_path.rglob("*"))
     result = composerjax("explain", recipe, *cpu_sized, cwd=tmp_path)
 
     assert result.returncode == 0, result.stderr
-    assert os.listdir(tmp_path) == []  # explain writes nothing (no tokenizer in runs/)
+    assert sorted(str(path) for path in tmp_path.rglob("*")) == before  # explain writes nothing (no tokenizer)
     for spec in config.algorithms:
         assert registry.algorithms.get(spec.name).__name__ in result.stdout
     assert "conflicts" in result.stdout and "train step plans to compile" in result.stdout

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import optax
 import pytest
-from conftest import LM_RECIPE_OVERRIDES
+from conftest import LM_RECIPE_OVERRIDES, prepare_example
 from flax import nnx
 
 from composerjax import ComposerClassifier, Trainer
@@ -30,6 +30,7 @@ SHORTENED = {
                          "data.worker_count=0", *LM_RECIPE_OVERRIDES["gpt2_stdlib.yaml"]],
     "gpt2_small_stdlib.yaml": ["max_duration=2ba", "eval_interval=0", "save_folder=null", "autoresume=false",
                                *LM_RECIPE_OVERRIDES["gpt2_small_stdlib.yaml"], "data.worker_count=0"],
+    "finetune_llama.yaml": ["max_duration=3ba", "eval_interval=3ba", "save_folder=null"],
 }
 
 
@@ -47,6 +48,7 @@ def explained_events(explanation) -> set[tuple[str, str]]:
 def test_explain_agrees_with_the_trace_log_of_a_real_run(recipe, tmp_path, monkeypatch):
     assert sorted(p.name for p in EXAMPLES.glob("*.yaml")) == sorted(SHORTENED)  # every example recipe
     monkeypatch.chdir(tmp_path)
+    prepare_example(recipe, tmp_path)
     overrides = [*SHORTENED[recipe], "progress_bar=false", "run_summary=false", "loggers=[]"]
     predicted = explain(load_config(str(EXAMPLES / recipe), overrides))
     trainer = build_trainer(load_config(str(EXAMPLES / recipe), overrides))

@@ -78,6 +78,10 @@ class GrainLoader:
             batch holds.
         shard_by_process: Split records across JAX processes (``jax.process_index()`` of
             ``jax.process_count()``); if False every process reads every record.
+        pad_remainder: With ``drop_remainder=False``, fill an incomplete batch up to ``batch_size``
+            with records made of these values: a tuple with one fill value per field of a record
+            (``(0, -100)`` for ``(inputs, targets)``: targets a loss and its metrics ignore), so every
+            batch has one shape and an eval step compiles once. None (the default) leaves it short.
 
     Example:
         >>> import numpy as np
@@ -102,6 +106,7 @@ class GrainLoader:
         worker_count: int = 0,
         read_options: Any = None,
         shard_by_process: bool = True,
+        pad_remainder: tuple[Any, ...] | None = None,
     ) -> None:
         grain = _import_grain()
         self._batch_size = _check_int("batch_size", batch_size, 1)
@@ -109,6 +114,11 @@ class GrainLoader:
         self._worker_count = _check_int("worker_count", worker_count, 0)
         self._shuffle = bool(shuffle)
         self._drop_remainder = bool(drop_remainder)
+        if pad_remainder is not None and (self._drop_remainder or not isinstance(pad_remainder, tuple)):
+            raise ValueError(f"pad_remainder={pad_remainder!r}: expected a tuple of fill values, one per field of a "
+                             "record, with drop_remainder=False (there is no incomplete batch to fill otherwise), "
+                             "or None")
+        self._pad_remainder = pad_remainder
         self._data_source = self._check_source(data_source)
         self._operations = self._check_operations(grain, operations)
         self.read_options = self._check_read_options(grain, read_options)
@@ -260,12 +270,25 @@ class GrainLoader:
             # Advanced before yielding, so a state_dict() taken while the consumer holds this
             # batch resumes right after it.
             self._batch_in_epoch += 1
-            yield batch
+            yield batch if self._pad_remainder is None else self._padded(batch)
         if self._live_iterator is grain_iterator:
             self._epoch = epoch + 1
             self._batch_in_epoch = 0
             self._iterator_state = None
             self._live_iterator = None
+
+    def _padded(self, batch: Any) -> Any:
+        """``batch`` filled up to ``batch_size`` with ``pad_remainder``'s records (as it is when full)."""
+        fields = tuple(batch) if isinstance(batch, (tuple, list)) else (batch,)
+        if len(fields) != len(self._pad_remainder):
+            raise ValueError(f"pad_remainder={self._pad_remainder!r}: the records have {len(fields)} field(s); "
+                             "expected one fill value per field")
+        short = self._batch_size - len(fields[0])
+        if short <= 0:
+            return batch
+        filled = tuple(np.concatenate([field, np.full((short, *field.shape[1:]), fill, field.dtype)])
+                       for field, fill in zip(fields, self._pad_remainder))
+        return type(batch)(filled) if isinstance(batch, (tuple, list)) else filled[0]
 
     def close(self) -> None:
         """Stop the live grain iterator's worker processes and free their prefetched shared memory.

@@ -8,7 +8,9 @@ loaders yield ``(inputs, targets)`` int32 batches of shape ``(batch_size, seq_le
 The tokenizer is trained on the train split only and saved as ``tokenizer.json`` beside the run
 (``run_dir``, which a recipe passes automatically); a resumed run finds that file and loads it,
 so it encodes to the very same ids. With several processes, process 0 trains it and every other
-process receives the same JSON.
+process receives the same JSON. Fine-tuning passes ``tokenizer=DIR`` instead: the pretrained
+folder's ``tokenizer.json`` as it is (no training), its vocabulary and its config's EOS token.
+``segment_ids=True`` keeps packed documents apart (batches ``(inputs, targets, segment_ids)``).
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ def stdlib_lm(
     max_files: int | None = None,
     tokenizer_path: str | None = None,
     run_dir: str | None = None,
+    tokenizer: str | None = None,
+    segment_ids: bool = False,
 ) -> DataSplits:
     """Next-token batches from the standard library's ``.py`` files (found with ``sysconfig``, tests left out).
 
@@ -62,6 +66,13 @@ def stdlib_lm(
         max_files: Use only the first ``max_files`` files of the (sorted) list: a smaller corpus for tests.
         tokenizer_path: Where the tokenizer is saved and reloaded; defaults to ``run_dir/tokenizer.json``.
         run_dir: The run folder (a recipe passes it); with neither path the tokenizer is not saved.
+        tokenizer: A pretrained tokenizer folder (a Hugging Face model folder with ``tokenizer.json``)
+            used as it is, with no training: its vocabulary (``vocab_size`` is then not used) and its
+            config's EOS token (:func:`~composerjax.data.load_pretrained_tokenizer`); a copy of its
+            ``tokenizer.json`` goes where a trained one would be saved.
+        segment_ids: Keep packed documents apart: batches are ``(inputs, targets, segment_ids)``, no
+            target crosses a document boundary and the model attends within a document only, with
+            positions restarting per document (:func:`~composerjax.data.pack_documents`).
 
     Example:
         >>> splits = stdlib_lm(seq_len=16, batch_size=2, vocab_size=300, max_files=3)
@@ -77,7 +88,8 @@ def stdlib_lm(
     train_files, eval_files = split_files(files, validation_fraction, seed)
     return _lm_splits(_read(train_files), _read(eval_files), seq_len=seq_len, batch_size=batch_size,
                       vocab_size=vocab_size, seed=seed, eval_batch_size=eval_batch_size, worker_count=worker_count,
-                      tokenizer_path=_tokenizer_path(tokenizer_path, run_dir))
+                      tokenizer_path=_tokenizer_path(tokenizer_path, run_dir), pretrained=tokenizer,
+                      segment_ids=segment_ids)
 
 
 def text_files_lm(
@@ -91,6 +103,8 @@ def text_files_lm(
     worker_count: int = 0,
     tokenizer_path: str | None = None,
     run_dir: str | None = None,
+    tokenizer: str | None = None,
+    segment_ids: bool = False,
 ) -> DataSplits:
     """The same pipeline as :func:`stdlib_lm` over your own UTF-8 text files (one document per file).
 
@@ -105,6 +119,13 @@ def text_files_lm(
         worker_count: grain worker processes for the train loader (0 reads in this process).
         tokenizer_path: Where the tokenizer is saved and reloaded; defaults to ``run_dir/tokenizer.json``.
         run_dir: The run folder (a recipe passes it); with neither path the tokenizer is not saved.
+        tokenizer: A pretrained tokenizer folder (a Hugging Face model folder with ``tokenizer.json``)
+            used as it is, with no training: its vocabulary (``vocab_size`` is then not used) and its
+            config's EOS token (:func:`~composerjax.data.load_pretrained_tokenizer`); a copy of its
+            ``tokenizer.json`` goes where a trained one would be saved.
+        segment_ids: Keep packed documents apart: batches are ``(inputs, targets, segment_ids)``, no
+            target crosses a document boundary and the model attends within a document only, with
+            positions restarting per document (:func:`~composerjax.data.pack_documents`).
 
     Example:
         >>> import os, tempfile
@@ -120,7 +141,8 @@ def text_files_lm(
     eval_files = _expand("eval", eval) if eval is not None else []
     return _lm_splits(_read(train_files), _read(eval_files), seq_len=seq_len, batch_size=batch_size,
                       vocab_size=vocab_size, seed=seed, eval_batch_size=eval_batch_size, worker_count=worker_count,
-                      tokenizer_path=_tokenizer_path(tokenizer_path, run_dir))
+                      tokenizer_path=_tokenizer_path(tokenizer_path, run_dir), pretrained=tokenizer,
+                      segment_ids=segment_ids)
 
 
 def hf_dataset_lm(
@@ -136,6 +158,8 @@ def hf_dataset_lm(
     worker_count: int = 0,
     tokenizer_path: str | None = None,
     run_dir: str | None = None,
+    tokenizer: str | None = None,
+    segment_ids: bool = False,
 ) -> DataSplits:
     """The same pipeline over a Hugging Face ``datasets`` dataset read from LOCAL files (never the Hub).
 
@@ -156,6 +180,13 @@ def hf_dataset_lm(
         worker_count: grain worker processes for the train loader (0 reads in this process).
         tokenizer_path: Where the tokenizer is saved and reloaded; defaults to ``run_dir/tokenizer.json``.
         run_dir: The run folder (a recipe passes it); with neither path the tokenizer is not saved.
+        tokenizer: A pretrained tokenizer folder (a Hugging Face model folder with ``tokenizer.json``)
+            used as it is, with no training: its vocabulary (``vocab_size`` is then not used) and its
+            config's EOS token (:func:`~composerjax.data.load_pretrained_tokenizer`); a copy of its
+            ``tokenizer.json`` goes where a trained one would be saved.
+        segment_ids: Keep packed documents apart: batches are ``(inputs, targets, segment_ids)``, no
+            target crosses a document boundary and the model attends within a document only, with
+            positions restarting per document (:func:`~composerjax.data.pack_documents`).
 
     Raises:
         ImportError: ``datasets`` is not installed.
@@ -166,36 +197,71 @@ def hf_dataset_lm(
     columns = _hf_splits(path, text_column, train_split, eval_split)
     return _lm_splits(columns[0], columns[1], seq_len=seq_len, batch_size=batch_size, vocab_size=vocab_size,
                       seed=seed, eval_batch_size=eval_batch_size, worker_count=worker_count,
-                      tokenizer_path=_tokenizer_path(tokenizer_path, run_dir))
+                      tokenizer_path=_tokenizer_path(tokenizer_path, run_dir), pretrained=tokenizer,
+                      segment_ids=segment_ids)
 
 
 # -- the shared pipeline ---------------------------------------------------------------------------
 def _lm_splits(train_texts: list[str], eval_texts: list[str], *, seq_len: int, batch_size: int, vocab_size: int,
-               seed: int, eval_batch_size: int | None, worker_count: int, tokenizer_path: Path | None) -> DataSplits:
+               seed: int, eval_batch_size: int | None, worker_count: int, tokenizer_path: Path | None,
+               pretrained: str | None = None, segment_ids: bool = False) -> DataSplits:
     from composerjax.data.packing import PackedSequences, lm_loader, pack_documents
-    from composerjax.data.tokenizer import encode_documents, eos_id
+    from composerjax.data.tokenizer import encode_documents
 
     seq_len = _check_int("seq_len", seq_len, 1)
     batch_size = _check_int("batch_size", batch_size, 1)
     eval_batch_size = batch_size if eval_batch_size is None else _check_int("eval_batch_size", eval_batch_size, 1)
     worker_count = _check_int("worker_count", worker_count, 0)
+    if not isinstance(segment_ids, bool):
+        raise ValueError(f"segment_ids={segment_ids!r}: expected True (keep packed documents apart) or False")
     if not train_texts:
         raise ValueError("train: no training document; expected at least one non-empty text")
-    tokenizer = _tokenizer(tokenizer_path, train_texts, vocab_size)
-    eos = eos_id(tokenizer)
-    train_packed = PackedSequences(pack_documents(encode_documents(tokenizer, train_texts), seq_len, eos))
+    tokenizer, eos = _tokenizer_and_eos(pretrained, tokenizer_path, train_texts, vocab_size)
+
+    def packed(texts: list[str]) -> PackedSequences:
+        windows = pack_documents(encode_documents(tokenizer, texts), seq_len, eos, segment_ids=segment_ids)
+        return PackedSequences(*windows) if segment_ids else PackedSequences(windows)
+
+    train_packed = packed(train_texts)
     if len(train_packed) < batch_size:
         raise ValueError(f"batch_size={batch_size}: the train split packs into only {len(train_packed)} sequences "
                          f"of seq_len={seq_len}; expected at most that many per batch")
     train = lm_loader(train_packed, batch_size, seed=seed, worker_count=worker_count)
-    train.tokenizer, train.seq_len = tokenizer, seq_len  # for recipes' checks against the model, and for the user
+    _describe(train, tokenizer, eos, seq_len)
     evaluation = None
     if eval_texts:
-        eval_packed = PackedSequences(pack_documents(encode_documents(tokenizer, eval_texts), seq_len, eos))
+        eval_packed = packed(eval_texts)
         if len(eval_packed):
+            # The last batch is filled with ignored sequences: one shape, one compiled eval step.
             evaluation = lm_loader(eval_packed, min(eval_batch_size, len(eval_packed)), shuffle=False, seed=seed,
-                                   drop_remainder=False)
+                                   drop_remainder=False, pad_remainder=True)
     return DataSplits(train=train, eval=evaluation)
+
+
+def _describe(loader: Any, tokenizer: Any, eos: int, seq_len: int) -> None:
+    """What recipes check against the model (``vocab_size``, ``seq_len``) and what a user may want, on the loader."""
+    loader.tokenizer, loader.seq_len = tokenizer, seq_len
+    loader.vocab_size, loader.eos_id = int(tokenizer.get_vocab_size()), eos
+
+
+def _tokenizer_and_eos(pretrained: str | None, path: Path | None, texts: list[str], vocab_size: int
+                       ) -> tuple[Any, int]:
+    """A pretrained folder's tokenizer as it is (its copy saved at ``path``), else the run's trained one."""
+    from composerjax.data.tokenizer import eos_id
+
+    if pretrained is None:
+        tokenizer = _tokenizer(path, texts, vocab_size)
+        return tokenizer, eos_id(tokenizer)
+    from composerjax.data.pretrained_tokenizer import load_pretrained_tokenizer
+    from composerjax.parallel import dist
+
+    loaded = load_pretrained_tokenizer(pretrained)
+    if path is not None and dist.process_index() == 0 and path.resolve() != loaded.path.resolve():
+        import shutil
+
+        path.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(loaded.path, path)  # byte for byte: `composerjax generate` reads the run's copy
+    return loaded.tokenizer, loaded.eos_id
 
 
 def _tokenizer(path: Path | None, texts: list[str], vocab_size: int) -> Any:

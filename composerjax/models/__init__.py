@@ -20,6 +20,14 @@ from composerjax.models.gpt2 import (
     flops_per_token,
     parameter_count,
 )
+from composerjax.models.hf import hf_parameter_names, load_pretrained, save_pretrained
+from composerjax.models.llama import (
+    LLAMA_CONFIGS,
+    Llama,
+    LlamaConfig,
+    llama_flops_per_token,
+    llama_parameter_count,
+)
 from composerjax.models.mlp import MLP
 from composerjax.models.resnet import BasicBlock, SmallResNet
 from composerjax.models.small_cnn import SmallCNN
@@ -36,7 +44,10 @@ __all__ = [
     "GPT2Config",
     "GPT2_CONFIGS",
     "KVCache",
+    "LLAMA_CONFIGS",
     "LMOutputs",
+    "Llama",
+    "LlamaConfig",
     "MLP",
     "MetricSums",
     "PositionEmbedding",
@@ -47,7 +58,12 @@ __all__ = [
     "flops_per_token",
     "generate",
     "generate_without_cache",
+    "hf_parameter_names",
     "language_metrics",
+    "llama_flops_per_token",
+    "llama_parameter_count",
+    "load_pretrained",
     "parameter_count",
     "sample_logits",
+    "save_pretrained",
 ]

@@ -18,7 +18,8 @@ weights, and runs one of three kernels:
   As the fused kernels do, it keeps only its inputs for the backward pass and recomputes the
   ``(B, N, T, S)`` scores and weights there (:func:`~composerjax.models.remat.checkpoint_after_gradient`):
   for GPT-2 small at 8 x 1024 tokens those are about 0.4 GB per layer in float32. Queries longer
-  than 256 go in blocks (``lax.map``), so even then only one block's scores exist at a time.
+  than 256 go in blocks (a loop with a backward loop of its own), so even then only one block's
+  scores exist at a time, and each layer's gradient buffers are made only once its gradient exists.
 
 :func:`choose_kernel` is the rule, a pure function of the backend and the inputs' description.
 When a fused kernel refuses its inputs at trace time (``NotImplementedError``, ``ValueError`` or
@@ -47,6 +48,7 @@ __all__ = [
     "current_backend",
     "describe_choices",
     "explicit_attention",
+    "positions_from_segments",
     "take_attention_choices",
 ]
 
@@ -183,6 +185,27 @@ def _tpu_choice(q_length: int, kv_length: int, has_bias: bool, has_mask: bool, h
         return KernelChoice("xla", f"tpu: sequence lengths {q_length} x {kv_length} are not multiples of the Pallas "
                                    f"kernel's {_PALLAS_BLOCK}-token blocks")
     return KernelChoice("pallas", "tpu: Pallas flash attention")
+
+
+def positions_from_segments(segment_ids: jax.Array) -> jax.Array:
+    """Each token's position inside its own segment: ``(B, T)`` int32 that restart at 0 where the id changes.
+
+    A segment is a run of equal ids along the sequence (a packed document), so positions count
+    from the first token of the run: what the document would see run alone. Learned and rotary
+    positions take these for packed sequences; ALiBi needs nothing, its bias depends only on
+    ``i - j`` inside one segment.
+
+    Example:
+        >>> positions_from_segments(jnp.array([[0, 0, 0, 1, 1, 2], [5, 5, 5, 5, 7, 7]])).tolist()
+        [[0, 1, 2, 0, 1, 0], [0, 1, 2, 3, 0, 1]]
+    """
+    segment_ids = jnp.asarray(segment_ids)
+    if segment_ids.ndim != 2:
+        raise ValueError(f"segment_ids: shape {segment_ids.shape}, expected (batch, length)")
+    index = jnp.broadcast_to(jnp.arange(segment_ids.shape[1], dtype=jnp.int32), segment_ids.shape)
+    starts = jnp.concatenate([jnp.ones_like(segment_ids[:, :1], bool), segment_ids[:, 1:] != segment_ids[:, :-1]],
+                             axis=1)
+    return index - jax.lax.cummax(jnp.where(starts, index, 0), axis=1)
 
 
 # -- the record of choices and the one-time warnings ------------------------------------------------
@@ -326,22 +349,99 @@ def _xla_kernel(query: jax.Array, key: jax.Array, value: jax.Array, bias: jax.Ar
             return x
         return jnp.pad(x, [(0, padded - length if i == axis else 0) for i in range(x.ndim)])
 
-    query, bias, mask = along_queries(query, 1), along_queries(bias, 2), along_queries(mask, 2)
-
-    def block(index: jax.Array) -> jax.Array:
-        start = index * size
-        cut = lambda x, axis: x if x is None or x.shape[axis] == 1 else (  # noqa: E731
-            jax.lax.dynamic_slice_in_dim(x, start, size, axis=axis))
-        rng = None if dropout_rng is None else jax.random.fold_in(dropout_rng, index)
-        return _xla_block(cut(query, 1), key, value, cut(bias, 2), cut(mask, 2), None, kv_lengths, rng, start,
-                          causal=causal, scale=scale, dropout_rate=dropout_rate)
-
-    # Each block checkpointed: the backward pass recomputes one block's scores at a time too.
-    out = jax.lax.map(jax.checkpoint(block), jnp.arange(count))
-    out = jnp.moveaxis(out, 0, 1).reshape(query.shape)[:, :length]
+    blocks = _QueryBlocks(count, size, causal, scale, dropout_rate)
+    out = _blocked_attention(blocks, along_queries(query, 1), key, value, along_queries(bias, 2),
+                             along_queries(mask, 2), kv_lengths, dropout_rng)[:, :length]
     if q_lengths is not None:
         out = jnp.where((jnp.arange(length)[None, :] < q_lengths[:, None])[:, :, None, None], out, 0).astype(out.dtype)
     return out
+
+
+class _QueryBlocks(NamedTuple):
+    """How :func:`_blocked_attention` splits the (padded) queries, and the attention's static options."""
+
+    count: int
+    size: int
+    causal: bool
+    scale: float
+    dropout_rate: float
+
+    def cut(self, x: jax.Array | None, axis: int, start: jax.Array) -> jax.Array | None:
+        """Block ``start`` of ``x`` along the queries' ``axis`` (``x`` as it is where it broadcasts there)."""
+        return x if x is None or x.shape[axis] == 1 else jax.lax.dynamic_slice_in_dim(x, start, self.size, axis=axis)
+
+    def attend(self, index: jax.Array, query: jax.Array, key: jax.Array, value: jax.Array, bias: jax.Array | None,
+               mask: jax.Array | None, kv_lengths: jax.Array | None, dropout_rng: jax.Array | None) -> jax.Array:
+        """Block ``index``'s output from its queries (and bias) against every key."""
+        start = index * self.size
+        rng = None if dropout_rng is None else jax.random.fold_in(dropout_rng, index)
+        return _xla_block(query, key, value, bias, self.cut(mask, 2, start), None, kv_lengths, rng, start,
+                          causal=self.causal, scale=self.scale, dropout_rate=self.dropout_rate)
+
+
+def _zeros_after(shape: tuple[int, ...], dtype: Any, anchor: jax.Array) -> jax.Array:
+    """Zeros that XLA cannot allocate before ``anchor`` exists (a loop's start buffer, made after its input).
+
+    A plain ``jnp.zeros`` is a constant: XLA shares it between the layers' loops and schedules each
+    loop's copy early, in the forward pass, so every layer's backward buffers would live at once.
+    A non-finite first entry of ``anchor`` makes them non-finite (an incoming gradient's would make
+    the gradients so anyway; the forward loop overwrites its buffer whole).
+    """
+    return jnp.zeros(shape, dtype) + (anchor.reshape(-1)[0] * 0).astype(dtype)
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _blocked_attention(blocks: _QueryBlocks, query: jax.Array, key: jax.Array, value: jax.Array,
+                       bias: jax.Array | None, mask: jax.Array | None, kv_lengths: jax.Array | None,
+                       dropout_rng: jax.Array | None) -> jax.Array:
+    """Attention one block of queries at a time (``fori_loop``): one block's scores exist at a time.
+
+    The backward pass (a loop of its own) recomputes each block's scores from the inputs, the only
+    residuals, and accumulates the keys' and values' gradients in float32.
+    """
+
+    def body(index: jax.Array, out: jax.Array) -> jax.Array:
+        start = index * blocks.size
+        block = blocks.attend(index, blocks.cut(query, 1, start), key, value, blocks.cut(bias, 2, start), mask,
+                              kv_lengths, dropout_rng)
+        return jax.lax.dynamic_update_slice_in_dim(out, block.astype(out.dtype), start, axis=1)
+
+    out = _zeros_after((*query.shape[:-1], value.shape[-1]), value.dtype, query)
+    return jax.lax.fori_loop(0, blocks.count, body, out)
+
+
+def _blocked_forward(blocks: _QueryBlocks, *args: Any) -> tuple[jax.Array, tuple[Any, ...]]:
+    return _blocked_attention(blocks, *args), args
+
+
+def _blocked_backward(blocks: _QueryBlocks, residuals: tuple[Any, ...], grad: jax.Array) -> tuple[Any, ...]:
+    query, key, value, bias, mask, kv_lengths, dropout_rng = residuals
+
+    def body(index: jax.Array, grads: tuple[Any, ...]) -> tuple[Any, ...]:
+        query_grad, key_grad, value_grad, bias_grad = grads
+        start = index * blocks.size
+
+        def attend(q: jax.Array, k: jax.Array, v: jax.Array, b: jax.Array | None) -> jax.Array:
+            return blocks.attend(index, q, k, v, b, mask, kv_lengths, dropout_rng)
+
+        _, pullback = jax.vjp(attend, blocks.cut(query, 1, start), key, value, blocks.cut(bias, 2, start))
+        q, k, v, b = pullback(jax.lax.dynamic_slice_in_dim(grad, start, blocks.size, axis=1))
+        query_grad = jax.lax.dynamic_update_slice_in_dim(query_grad, q.astype(query_grad.dtype), start, axis=1)
+        if bias is not None:
+            bias_grad = (bias_grad + b.astype(bias_grad.dtype) if bias.shape[2] == 1
+                         else jax.lax.dynamic_update_slice_in_dim(bias_grad, b.astype(bias_grad.dtype), start, axis=2))
+        return query_grad, key_grad + k, value_grad + v, bias_grad
+
+    # Each gradient buffer starts after the incoming gradient exists (see _zeros_after).
+    grads = (_zeros_after(query.shape, query.dtype, grad), _zeros_after(key.shape, jnp.float32, grad),
+             _zeros_after(value.shape, jnp.float32, grad),
+             None if bias is None else _zeros_after(bias.shape, jnp.float32, grad))
+    query_grad, key_grad, value_grad, bias_grad = jax.lax.fori_loop(0, blocks.count, body, grads)
+    bias_grad = None if bias is None else bias_grad.astype(bias.dtype)
+    return query_grad, key_grad.astype(key.dtype), value_grad.astype(value.dtype), bias_grad, None, None, None
+
+
+_blocked_attention.defvjp(_blocked_forward, _blocked_backward)
 
 
 def _xla_block(query: jax.Array, key: jax.Array, value: jax.Array, bias: jax.Array | None, mask: jax.Array | None,

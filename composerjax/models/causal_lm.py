@@ -59,8 +59,17 @@ def _inputs_and_targets(batch: Any) -> tuple[jax.Array, jax.Array | None]:
     return batch, None
 
 
+def _segment_ids(batch: Any) -> jax.Array | None:
+    """A packed batch's third element: ``(B, T)`` segment ids (one per document), else None."""
+    return batch[2] if isinstance(batch, (tuple, list)) and len(batch) > 2 else None
+
+
 class ComposerCausalLM(ComposerModel):
     """Wrap a :class:`~composerjax.models.GPT2` into a next-token model for ``(inputs, targets)`` batches.
+
+    A third batch element, ``(inputs, targets, segment_ids)`` (packed documents:
+    :func:`~composerjax.data.lm_loader` with ``segment_ids``), goes to ``module.features(...,
+    segment_ids=...)``: no token attends across a document boundary and positions restart per document.
 
     The training loss is the mean cross-entropy over the tokens whose target is not
     ``ignore_index``, computed over the vocabulary in chunks of ``chunk_size`` sequence positions
@@ -105,18 +114,39 @@ class ComposerCausalLM(ComposerModel):
         self.val_metrics = tuple(named_metrics(val_metrics).items())
 
     def forward(self, batch: Any) -> LMOutputs:
-        """The final hidden states of ``inputs = batch[0]``."""
-        return LMOutputs(self.module.features(_inputs_and_targets(batch)[0]))
+        """The final hidden states of ``inputs = batch[0]`` (documents kept apart by ``batch[2]``, if any)."""
+        segment_ids = _segment_ids(batch)
+        if segment_ids is None:
+            return LMOutputs(self.module.features(_inputs_and_targets(batch)[0]))
+        return LMOutputs(self.module.features(batch[0], segment_ids=segment_ids))
 
     def loss(self, outputs: LMOutputs, batch: Any) -> jax.Array:
         """Mean next-token cross-entropy against ``batch[1]``, over the vocabulary in chunks."""
         return cross_entropy_loss(outputs.hidden, self.module.head_weight(), batch[1], vocab_size=self.vocab_size,
                                   ignore_index=self.ignore_index, chunk_size=self.chunk_size)
 
+    def loss_token_count(self, batch: Any) -> jax.Array | None:
+        """The tokens :meth:`loss` averages over: targets in ``[0, vocab_size)`` other than ``ignore_index``.
+
+        Composer's 'loss_generating' tokens, for ``Trainer(accumulate_train_batch_on_tokens=True)``
+        (see :meth:`ComposerModel.loss_token_count`); None for a batch without targets.
+
+        Example:
+            >>> from composerjax.models.gpt2 import GPT2, GPT2Config
+            >>> model = ComposerCausalLM(GPT2(GPT2Config.preset("gpt2-tiny"), rngs=nnx.Rngs(0)))
+            >>> int(model.loss_token_count((jnp.zeros((2, 3), jnp.int32), jnp.array([[1, 2, -100], [-100, -100, 5]]))))
+            3
+        """
+        targets = _inputs_and_targets(batch)[1]
+        if targets is None:
+            return None
+        targets = jnp.asarray(targets)
+        return jnp.sum((targets != self.ignore_index) & (targets >= 0) & (targets < self.vocab_size), dtype=jnp.int32)
+
     def eval_forward(self, batch: Any, outputs: Any | None = None) -> Any:
         """:class:`LMOutputs` with each token's loss and argmax; a batch without targets gets the logits."""
         inputs, targets = _inputs_and_targets(batch)
-        hidden = outputs.hidden if isinstance(outputs, LMOutputs) else self.module.features(inputs)
+        hidden = outputs.hidden if isinstance(outputs, LMOutputs) else self.forward(batch).hidden
         if targets is None:
             return self.module.logits(hidden)
         targets = jnp.asarray(targets)

@@ -96,6 +96,26 @@ class ComposerModel(nnx.Module):
         count = jnp.asarray(jax.tree.leaves(batch)[0].shape[0], jnp.float32)
         return {"loss": (self.loss(outputs, batch) * count, count)}
 
+    def loss_token_count(self, batch: Any) -> jax.Array | None:
+        """Return how many tokens :meth:`loss` averages over in ``batch``; None (the default) for a mean over samples.
+
+        Composer's ``get_num_tokens_in_batch(batch, token_type='loss_generating')``. With
+        ``Trainer(accumulate_train_batch_on_tokens=True)`` and ``device_train_microbatch_size``,
+        each microbatch's loss and gradient weigh by its count over the whole batch's (instead of
+        1 / number of microbatches), so the accumulated gradient is the whole batch's mean over
+        those tokens. It runs inside the compiled step, once per microbatch before
+        ``BEFORE_FORWARD``: return a traced scalar (``jnp.sum(targets != -100)``), never a host value.
+        None weighs microbatches by their samples, that is equally.
+
+        Example:
+            >>> class TokenRegressor(ComposerModel):
+            ...     def loss_token_count(self, batch):
+            ...         return jnp.sum(batch[1] != -100)
+            >>> int(TokenRegressor().loss_token_count((None, jnp.array([[1, -100], [-100, -100]]))))
+            1
+        """
+        return None
+
     def check_batch(self, batch: Any) -> None:
         """Refuse, on the host, a batch the compiled step would train on silently wrong (default: accept all).
 

@@ -15,7 +15,7 @@ from composerjax.models.mlp import MLP
 from composerjax.models.resnet import SmallResNet
 from composerjax.models.small_cnn import SmallCNN
 
-__all__ = ["digits_cnn", "gpt2", "mlp", "small_resnet", "tiny_gpt"]
+__all__ = ["digits_cnn", "gpt2", "llama", "mlp", "pretrained", "small_resnet", "tiny_gpt"]
 
 
 def digits_cnn(num_classes: int = 10, seed: int = 0) -> ComposerClassifier:
@@ -125,6 +125,83 @@ def gpt2(config: str = "gpt2-tiny", vocab_size: int | None = None, n_positions: 
               "pad_vocab_to_multiple": pad_vocab_to_multiple}
     settings = GPT2Config.preset(config, **{key: value for key, value in fields.items() if value is not None})
     return ComposerCausalLM(GPT2(settings, rngs=nnx.Rngs(seed)))
+
+
+def llama(config: str = "llama-tiny", vocab_size: int | None = None, hidden_size: int | None = None,
+          intermediate_size: int | None = None, num_hidden_layers: int | None = None,
+          num_attention_heads: int | None = None, num_key_value_heads: int | None = None,
+          max_position_embeddings: int | None = None, rope_theta: float | None = None,
+          tie_word_embeddings: bool | None = None, sliding_window: int | None = None, attention: str | None = None,
+          remat: str | None = None, scan_layers: bool | None = None, pad_vocab_to_multiple: int | None = None,
+          seed: int = 0) -> ComposerCausalLM:
+    """Return a :class:`~composerjax.models.Llama` next-token model from a preset, with any field replaced.
+
+    A :class:`~composerjax.models.ComposerCausalLM`, as :func:`gpt2` returns (chunked loss,
+    language metrics); ``composerjax generate`` takes it. Untrained: to start from published
+    weights, use :func:`~composerjax.models.load_pretrained` on a local Hugging Face folder.
+
+    Args:
+        config: a preset of :data:`~composerjax.models.LLAMA_CONFIGS`: ``'llama-tiny'``,
+            ``'smollm-135m'`` or ``'tinyllama-1.1b'``.
+        vocab_size: the number of distinct tokens (at least the data's tokenizer's).
+        hidden_size: the width of the residual stream.
+        intermediate_size: the width of the SwiGLU MLP.
+        num_hidden_layers: the number of decoder blocks.
+        num_attention_heads: query heads per block.
+        num_key_value_heads: key/value heads per block (must divide ``num_attention_heads``).
+        max_position_embeddings: the longest sequence the model takes (at least the data's ``seq_len``).
+        rope_theta: the RoPE frequency base.
+        tie_word_embeddings: use the token embedding as the LM head.
+        sliding_window: Mistral's attention window, or None.
+        attention: the attention kernel: ``'auto'``, ``'xla'`` or ``'cudnn'``.
+        remat: what the backward pass recomputes: ``'none'``, ``'dots'`` or ``'full'``.
+        scan_layers: run the blocks with ``lax.scan``.
+        pad_vocab_to_multiple: pad the embedding's rows to this multiple (64 by default).
+        (Each replaces the preset's field when given; see :class:`~composerjax.models.LlamaConfig`.)
+        seed: seeds the parameter initialisation.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> model = llama("llama-tiny", vocab_size=300, max_position_embeddings=16)
+        >>> model.module(jnp.zeros((2, 16), jnp.int32)).shape
+        (2, 16, 300)
+    """
+    from composerjax.models.llama import Llama, LlamaConfig
+
+    fields = {"vocab_size": vocab_size, "hidden_size": hidden_size, "intermediate_size": intermediate_size,
+              "num_hidden_layers": num_hidden_layers, "num_attention_heads": num_attention_heads,
+              "num_key_value_heads": num_key_value_heads, "max_position_embeddings": max_position_embeddings,
+              "rope_theta": rope_theta, "tie_word_embeddings": tie_word_embeddings, "sliding_window": sliding_window,
+              "attention": attention, "remat": remat, "scan_layers": scan_layers,
+              "pad_vocab_to_multiple": pad_vocab_to_multiple}
+    settings = LlamaConfig.preset(config, **{key: value for key, value in fields.items() if value is not None})
+    return ComposerCausalLM(Llama(settings, rngs=nnx.Rngs(seed)))
+
+
+def pretrained(path: str, dtype: str | None = None, attention: str | None = None, remat: str | None = None,
+               scan_layers: bool | None = None) -> ComposerCausalLM:
+    """Return the model of a local Hugging Face folder (:func:`~composerjax.models.load_pretrained`) to fine-tune.
+
+    A recipe says ``model: {name: pretrained, path: checkpoints/SmolLM-135M}``: ``GPT2LMHeadModel``,
+    ``LlamaForCausalLM``, ``MistralForCausalLM`` or ``Qwen2ForCausalLM`` weights, read from
+    ``config.json`` and safetensors; nothing is downloaded.
+
+    Args:
+        path: the local folder (a hub id is refused: download it first).
+        dtype: the parameters' dtype (``'float32'``, the default, or ``'bfloat16'``).
+        attention: the attention kernel: ``'auto'``, ``'xla'`` or ``'cudnn'``.
+        remat: what the backward pass recomputes: ``'none'``, ``'dots'`` or ``'full'``.
+        scan_layers: run the blocks with ``lax.scan``.
+
+    Example::
+
+        model = pretrained("checkpoints/SmolLM-135M", remat="dots")
+    """
+    from composerjax.models.hf import load_pretrained
+
+    overrides = {key: value for key, value in (("attention", attention), ("remat", remat),
+                                               ("scan_layers", scan_layers)) if value is not None}
+    return ComposerCausalLM(load_pretrained(path, dtype=dtype, **overrides))
 
 
 def mlp(sizes: list[int], seed: int = 0) -> ComposerClassifier:

@@ -47,6 +47,10 @@ class ModelFunctions:
              ) -> tuple[jax.Array, dict[str, jax.Array]]:
         raise NotImplementedError
 
+    def loss_token_count(self, model: nnx.Module, batch: Any) -> jax.Array | None:
+        """The tokens the loss of ``batch`` averages over (traced), or None: the loss is a mean over samples."""
+        return None
+
     def eval_forward(self, model: nnx.Module, batch: Any) -> Any:
         """The outputs the eval metrics read (None for a model without a forward of its own)."""
         raise NotImplementedError
@@ -81,6 +85,9 @@ class _ComposerModelFunctions(ModelFunctions):
     def loss(self, model: ComposerModel, outputs: Any, batch: Any, rng: jax.Array, step: jax.Array
              ) -> tuple[jax.Array, dict[str, jax.Array]]:
         return model.loss(outputs, batch), {}
+
+    def loss_token_count(self, model: ComposerModel, batch: Any) -> jax.Array | None:
+        return model.loss_token_count(batch)
 
     def eval_forward(self, model: ComposerModel, batch: Any) -> Any:
         return model.eval_forward(batch)

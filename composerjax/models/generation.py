@@ -1,4 +1,4 @@
-"""Text generation for :class:`~composerjax.models.gpt2.GPT2`: greedy or temperature/top-k sampling with a KV cache.
+"""Text generation for GPT2 and Llama: greedy or temperature/top-k sampling with a KV cache.
 
 :func:`generate` prefills a fixed-size cache (prompt + new tokens) with the prompt, then decodes one
 token per ``lax.fori_loop`` step; it compiles once per (batch, prompt length, ``max_new_tokens``,
@@ -18,6 +18,7 @@ import numpy as np
 from flax import nnx
 
 from composerjax.models.gpt2 import GPT2
+from composerjax.models.llama import Llama
 
 __all__ = ["generate", "generate_without_cache", "sample_logits"]
 
@@ -60,8 +61,8 @@ def _key_of(rng: Any, greedy: bool) -> jax.Array:
 
 def _check(model: Any, prompt_tokens: Any, max_new_tokens: Any, temperature: Any, top_k: Any,
            rng: Any) -> tuple[jax.Array, float, jax.Array]:
-    if not isinstance(model, GPT2):
-        raise ValueError(f"model={type(model).__name__}: expected a composerjax.models.GPT2")
+    if not isinstance(model, (GPT2, Llama)):
+        raise ValueError(f"model={type(model).__name__}: expected a composerjax.models.GPT2 or Llama")
     config = model.config
     prompt = jnp.asarray(prompt_tokens)
     if prompt.ndim != 2 or prompt.shape[0] < 1 or prompt.shape[1] < 1 or not jnp.issubdtype(prompt.dtype, jnp.integer):
@@ -84,12 +85,13 @@ def _check(model: Any, prompt_tokens: Any, max_new_tokens: Any, temperature: Any
     return prompt.astype(jnp.int32), float(temperature), _key_of(rng, greedy)
 
 
-def generate(model: GPT2, prompt_tokens: Any, max_new_tokens: int, *, temperature: float = 0.0,
+def generate(model: GPT2 | Llama, prompt_tokens: Any, max_new_tokens: int, *, temperature: float = 0.0,
              top_k: int | None = None, rng: Any = None) -> jax.Array:
     """The prompt followed by ``max_new_tokens`` generated tokens, ``(B, P + max_new_tokens)``, using a KV cache.
 
     Args:
-        model: a :class:`GPT2` (run without dropout, whatever its train/eval mode).
+        model: a :class:`GPT2` or :class:`~composerjax.models.llama.Llama` (run without dropout, whatever its
+            train/eval mode).
         prompt_tokens: ``(B, P)`` integer token ids, the same length for every sequence.
         max_new_tokens: how many tokens to add; ``P + max_new_tokens`` must fit ``n_positions``.
         temperature: 0 takes the argmax (greedy); above 0, logits are divided by it and sampled.
@@ -112,7 +114,7 @@ def generate(model: GPT2, prompt_tokens: Any, max_new_tokens: int, *, temperatur
     return jnp.concatenate([prompt, new], axis=1)
 
 
-def generate_without_cache(model: GPT2, prompt_tokens: Any, max_new_tokens: int, *, temperature: float = 0.0,
+def generate_without_cache(model: GPT2 | Llama, prompt_tokens: Any, max_new_tokens: int, *, temperature: float = 0.0,
                            top_k: int | None = None, rng: Any = None) -> jax.Array:
     """:func:`generate` without a cache: the whole sequence's forward pass at every step (the reference).
 

@@ -7,12 +7,16 @@ import jax.numpy as jnp
 from flax import nnx
 
 from composerjax.metrics import LanguageCrossEntropy, LanguagePerplexity, MaskedAccuracy, Metric
+from composerjax.models.attention import attention
 
 __all__ = ["CausalSelfAttention", "FeedForward", "DecoderBlock", "PositionEmbedding", "TinyGPT", "language_metrics"]
 
 
 class CausalSelfAttention(nnx.Module):
-    """Multi-head causal self-attention; ``attention_bias`` is the hook position schemes override."""
+    """Multi-head causal self-attention; ``attention_bias`` is the hook position schemes override.
+
+    The attention itself is :func:`composerjax.models.attention.attention`'s, which picks the kernel.
+    """
 
     def __init__(self, dim: int, num_heads: int, *, rngs: nnx.Rngs) -> None:
         if dim % num_heads:
@@ -21,21 +25,17 @@ class CausalSelfAttention(nnx.Module):
         self.qkv = nnx.Linear(dim, 3 * dim, rngs=rngs)
         self.proj = nnx.Linear(dim, dim, rngs=rngs)
 
-    def attention_bias(self, length: int) -> jax.Array:
-        """An additive ``(heads, T, T)`` bias on the attention logits (none by default)."""
-        return jnp.zeros((1, length, length), jnp.float32)
+    def attention_bias(self, length: int) -> jax.Array | None:
+        """An additive ``(heads, T, T)`` (or ``(1, T, T)``) bias on the attention logits; None (the default): none."""
+        return None
 
     def __call__(self, x: jax.Array) -> jax.Array:
         batch, length, _ = x.shape
-        head_dim = self.dim // self.num_heads
-        q, k, v = jnp.split(self.qkv(x), 3, axis=-1)
-        q, k, v = (t.reshape(batch, length, self.num_heads, head_dim).transpose(0, 2, 1, 3) for t in (q, k, v))
-        logits = (q @ k.transpose(0, 1, 3, 2)) / jnp.sqrt(head_dim).astype(q.dtype)
-        logits = logits.astype(jnp.float32) + self.attention_bias(length)
-        causal = jnp.tril(jnp.ones((length, length), bool))
-        weights = jax.nn.softmax(jnp.where(causal, logits, -1e30), axis=-1).astype(v.dtype)
-        out = (weights @ v).transpose(0, 2, 1, 3).reshape(batch, length, self.dim)
-        return self.proj(out)
+        q, k, v = (t.reshape(batch, length, self.num_heads, self.dim // self.num_heads)
+                   for t in jnp.split(self.qkv(x), 3, axis=-1))
+        bias = self.attention_bias(length)
+        out = attention(q, k, v, causal=True, bias=None if bias is None else bias[None])
+        return self.proj(out.reshape(batch, length, self.dim))
 
 
 class FeedForward(nnx.Module):

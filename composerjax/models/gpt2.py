@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from composerjax.models.attention import IMPLEMENTATIONS, attention
+from composerjax.models.attention import IMPLEMENTATIONS, attention, positions_from_segments
 from composerjax.models.gpt import FeedForward
 from composerjax.models.remat import checkpoint_after_gradient
 
@@ -225,7 +225,7 @@ def flops_per_token(config: GPT2Config | str, seq_len: int) -> int:
 
 
 def apply_rotary(x: jax.Array, positions: jax.Array, base: float = 10000.0) -> jax.Array:
-    """Rotate ``(B, T, N, H)`` queries or keys by their ``(T,)`` positions (RoPE, rotating half-pairs).
+    """Rotate ``(B, T, N, H)`` queries or keys by their ``(T,)`` or ``(B, T)`` positions (RoPE, rotating half-pairs).
 
     The dot product of a query rotated at position ``m`` and a key rotated at ``n`` depends only
     on ``m - n``.
@@ -237,8 +237,8 @@ def apply_rotary(x: jax.Array, positions: jax.Array, base: float = 10000.0) -> j
     """
     half = x.shape[-1] // 2
     frequencies = base ** (-jnp.arange(half, dtype=jnp.float32) / half)
-    angles = positions.astype(jnp.float32)[:, None] * frequencies[None, :]
-    cos, sin = jnp.cos(angles)[None, :, None, :], jnp.sin(angles)[None, :, None, :]
+    angles = positions.astype(jnp.float32)[..., None] * frequencies  # (T, half) or (B, T, half)
+    cos, sin = jnp.cos(angles)[..., None, :], jnp.sin(angles)[..., None, :]
     x1, x2 = x[..., :half].astype(jnp.float32), x[..., half:].astype(jnp.float32)
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
 
@@ -483,13 +483,21 @@ class GPT2(nnx.Module):
                  deterministic: bool | None = None) -> jax.Array:
         """The final hidden states ``(B, T, n_embd)`` (after the last LayerNorm): the LM head's input.
 
+        With ``segment_ids`` ``(B, T)`` (packed documents) a token attends only within its segment
+        and learned or rotary positions restart at 0 at every segment (:func:`positions_from_segments`).
+
         Example:
             >>> model = GPT2(GPT2Config.preset("gpt2-tiny"), rngs=nnx.Rngs(0))
             >>> model.features(jnp.zeros((2, 16), jnp.int32)).shape
             (2, 16, 64)
         """
         self._check_length(tokens, 0)
-        hidden, _ = self._run(tokens, jnp.arange(tokens.shape[1]), None, deterministic, segment_ids)
+        positions = jnp.arange(tokens.shape[1])
+        if segment_ids is not None and self.config.position != "alibi":
+            # Each packed document counts its positions from 0, as it would run alone; ALiBi's bias
+            # depends only on distances inside a segment, so it keeps the plain ones.
+            positions = positions_from_segments(segment_ids)
+        hidden, _ = self._run(tokens, positions, None, deterministic, segment_ids)
         return hidden
 
     def head_weight(self) -> jax.Array:
@@ -542,7 +550,7 @@ class GPT2(nnx.Module):
              segment_ids: jax.Array | None) -> tuple[jax.Array, KVCache | None]:
         x = self.tokens(tokens)
         if self.config.position == "learned":
-            x = x + self.position(positions)[None]
+            x = x + self.position(positions)  # (T, D) or, per packed document, (B, T, D)
         x = self.embedding_dropout(x, deterministic=deterministic)
         if self.config.scan_layers:
             x, cache = self._scan_blocks(x, positions, cache, deterministic, segment_ids)

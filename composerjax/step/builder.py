@@ -19,6 +19,7 @@ from composerjax.core.train_state import TrainState
 from composerjax.models.function_model import ModelFunctions
 from composerjax.step.keys import KeyCodec
 from composerjax.step.precision import cast_floating, compute_dtype
+from composerjax.step.token_weights import microbatch_weights
 from composerjax.step.view import StepView, traced_view
 
 __all__ = ["StepBuilder", "TripCounted", "split_model", "merge_model"]
@@ -103,6 +104,7 @@ class StepBuilder:
         replicated: the sharding of scalars leaving the step.
         rest_codec: turns the model's non-parameter variables (RNG keys) into plain arrays and back.
         step_key_data: the raw data of the run's base key; each step folds its step number in.
+        accumulate_on_tokens: weigh microbatches by their loss tokens (``accumulate_train_batch_on_tokens``).
     """
 
     def __init__(
@@ -119,6 +121,7 @@ class StepBuilder:
         replicated: Any,
         rest_codec: KeyCodec,
         step_key_data: Any,
+        accumulate_on_tokens: bool = False,
     ) -> None:
         self.engine = engine
         self.state = state
@@ -126,7 +129,7 @@ class StepBuilder:
         self.train_graphdef = train_graphdef
         self.eval_graphdef = eval_graphdef
         self.optimizer = optimizer
-        self.microbatch_size = microbatch_size
+        self.microbatch_size, self.accumulate_on_tokens = microbatch_size, accumulate_on_tokens
         self.train_state_sharding = train_state_sharding
         self.batch_sharding = batch_sharding
         self.replicated = replicated
@@ -424,7 +427,12 @@ class StepBuilder:
         return train_step
 
     def _accumulate(self, view: StepView, params: Any, rest: Any, backward: Any) -> tuple[Any, Any]:
-        """Mean gradients over microbatches with a ``lax.scan``; traced events run per microbatch."""
+        """Mean gradients over microbatches with a ``lax.scan``; traced events run per microbatch.
+
+        Each microbatch weighs equally, or, with ``accumulate_on_tokens``, by its share of the batch's
+        loss tokens (:func:`~composerjax.step.token_weights.microbatch_weights`; equally when the model
+        counts none). Step metrics are the microbatches' plain mean either way.
+        """
         full_batch = view.batch
         size = jax.tree.leaves(full_batch)[0].shape[0]
         micro = self.microbatch_size
@@ -435,30 +443,34 @@ class StepBuilder:
             )
         count = size // micro
         stacked = jax.tree.map(lambda x: x.reshape((count, micro, *x.shape[1:])), full_batch)
+        # Counted on the batch as BEFORE_TRAIN_BATCH left it, before any microbatch's forward (Composer's order).
+        weights = microbatch_weights(self.functions, view.model, stacked) if self.accumulate_on_tokens else None
 
         step_rng = view.step_rng
 
         def body(carry: Any, indexed: Any) -> tuple[Any, Any]:
             grad_sum, rest, algorithm_state = carry
-            index, microbatch = indexed
+            index, microbatch, weight = indexed
             view.batch, view.algorithm_state = microbatch, algorithm_state
             # A distinct key per microbatch, so random augmentations differ between them.
             view.step_rng = jax.random.fold_in(step_rng, index)
             grads, rest = backward(view, params, rest)
+            if weight is not None:  # Composer's scaling: this microbatch's loss tokens over the batch's
+                grads = jax.tree.map(lambda g: g * weight.astype(g.dtype), grads)
             grad_sum = jax.tree.map(jnp.add, grad_sum, grads)
             return (grad_sum, rest, dict(view.algorithm_state)), (view.loss, view.outputs, view.step_metrics)
 
         zeros = jax.tree.map(jnp.zeros_like, params)
         init = (zeros, rest, dict(view.algorithm_state))
         (grad_sum, rest, algorithm_state), (losses, outputs, metrics) = jax.lax.scan(
-            body, init, (jnp.arange(count), stacked)
+            body, init, (jnp.arange(count), stacked, weights)
         )
         view.batch, view.step_rng = full_batch, step_rng
         view.algorithm_state = algorithm_state
-        view.loss = jnp.mean(losses)
+        view.loss = jnp.mean(losses) if weights is None else jnp.sum(losses * weights)
         view.outputs = jax.tree.map(lambda x: x.reshape((size, *x.shape[2:])), outputs)
         view.step_metrics = jax.tree.map(lambda x: jnp.mean(x, axis=0), metrics)
-        grads = jax.tree.map(lambda g: g / count, grad_sum)
+        grads = jax.tree.map(lambda g: g / count, grad_sum) if weights is None else grad_sum
         view.grads = grads
         return grads, rest
 

@@ -73,6 +73,7 @@ class StepRunner:
         microbatch_size: ``device_train_microbatch_size`` (``'auto'`` searches before the first step).
         device_memory_budget: bytes a step may use, for ``'auto'``.
         report: prints one line per compiled variant (None: silent).
+        accumulate_on_tokens: ``accumulate_train_batch_on_tokens``: microbatches weigh by their loss tokens.
 
     Example::
 
@@ -83,14 +84,14 @@ class StepRunner:
 
     def __init__(self, state: State, engine: Engine, logger: Any, loss_fn: Callable[..., Any] | None, mesh: Any,
                  parallelism: Any, microbatch_size: int | str | None, device_memory_budget: int | None,
-                 report: Callable[[str], None] | None = None) -> None:
+                 report: Callable[[str], None] | None = None, accumulate_on_tokens: bool = False) -> None:
         self.state, self.engine, self.logger = state, engine, logger
         self.loss_fn, self.mesh, self.parallelism = loss_fn, mesh, parallelism
         self.auto_microbatch = microbatch_size == "auto"
         self.microbatch_size: int | None = None if self.auto_microbatch else microbatch_size  # type: ignore[assignment]
         self.microbatch_candidates: list[dict[str, int]] = []
         self.device_memory_budget = device_memory_budget
-        self.report = report
+        self.report, self.accumulate_on_tokens = report, accumulate_on_tokens
         self.multi_process = jax.process_count() > 1
         self.functions: ModelFunctions = model_functions(state._model, loss_fn)
         self._variables: Any = None  # (key, [(path, variable, is_param)]) for sync_model
@@ -128,7 +129,7 @@ class StepRunner:
         self.batch_sharding = batch_sharding(self.mesh)
         self.builder = StepBuilder(self.engine, state, self.functions, train_graphdef, eval_graphdef, state.optimizer,
                                    self.microbatch_size, sharding, self.batch_sharding, replicated(self.mesh),
-                                   rest_codec, np.asarray(jax.random.key_data(step_key)))
+                                   rest_codec, np.asarray(jax.random.key_data(step_key)), self.accumulate_on_tokens)
 
     def replace_optimizer(self, optimizer: Any, keep_state: bool) -> None:
         """Train with ``optimizer`` from now on: its state kept (same structure) or built fresh from the parameters.

@@ -57,8 +57,6 @@ INSTEAD: dict[str, str] = {
     "parallelism_config": "`parallelism='ddp'`, `'fsdp'` or a `ParallelismConfig(...)`",
     "device": "`accelerator='auto'`, `'cpu'`, `'gpu'` or `'tpu'` (and `devices=` for which devices, or how many)",
     "precision_config": "drop it (Composer's FP8 settings): `precision=` takes `'fp32'`, `'amp_bf16'` or `'bf16'`",
-    "accumulate_train_batch_on_tokens": "drop it: with `device_train_microbatch_size`, the microbatches' gradients "
-                                        "are averaged with equal weights",
     "deterministic_mode": "drop it: there is no such switch; on GPU, set `XLA_FLAGS=--xla_gpu_deterministic_ops=true` "
                           "before JAX starts",
     "dist_timeout": "drop it: `composerjax launch --heartbeat-timeout SECONDS` stops a job whose process makes no "

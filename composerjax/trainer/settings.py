@@ -341,6 +341,7 @@ def hyperparameters(trainer: Any) -> dict[str, Any]:
         "loggers": [type(d).__name__ for d in trainer.logger.destinations],
         "device_train_microbatch_size": ("auto" if arguments["device_train_microbatch_size"] == "auto"
                                          else trainer.microbatch_size),
+        "accumulate_train_batch_on_tokens": arguments["accumulate_train_batch_on_tokens"],
         "device_memory_budget": trainer.device_memory_budget,
         "log_interval": arguments["log_interval"],
         "parallelism": parallelism if isinstance(parallelism, str) else repr(parallelism),

@@ -39,6 +39,7 @@ from composerjax.trainer.fit_arguments import apply_fit_arguments, apply_schedul
 from composerjax.trainer.fit_loop import FitLoop, PendingLogs, grouping_blocked_by
 from composerjax.trainer.interrupt import StopDecision, TrainingInterrupted
 from composerjax.trainer.nonfinite_loss import NonFiniteLoss
+from composerjax.trainer.settings import hyperparameters
 from composerjax.trainer.stopping import to_time_limit
 from composerjax.trainer.validation import (
     as_list,
@@ -97,6 +98,8 @@ class Trainer:
         device_train_microbatch_size: split each batch into microbatches of this size and
             accumulate gradients inside the step. ``'auto'`` picks the largest divisor of the batch
             whose compiled step fits ``device_memory_budget`` (``trainer.microbatch_size``).
+        accumulate_train_batch_on_tokens: weigh each microbatch by its loss tokens (``model.loss_token_count``, e.g.
+            targets other than -100), not equally: the gradient is the batch's mean over them (Composer's).
         steps_per_call: run this many batches per compiled call whenever nothing needs a
             per-batch view in between (``grouping_blocked_by`` names the plugins that do; no epoch
             end, end of training or plugin's ``next_due`` falls inside the group). ``'auto'`` (the
@@ -211,6 +214,7 @@ class Trainer:
         scale_schedule_ratio: float = 1.0,
         step_schedulers_every_batch: bool | None = None,
         device_train_microbatch_size: int | str | None = None,
+        accumulate_train_batch_on_tokens: bool = False,
         precision: str = "fp32",
         seed: int = 0,
         run_name: str | None = None,
@@ -283,12 +287,10 @@ class Trainer:
         self.logger = Logger(state, destinations)
         self.engine = Engine(state, self.logger, algorithm_passes)
         self.log_interval, self.parallelism, self.run_summary = log_interval, strategy, run_summary
-        self.auto_log_hparams = auto_log_hparams
+        self.auto_log_hparams, self.handle_signals = auto_log_hparams, handle_signals
         self.steps_per_call, self.tokens_per_batch = steps_per_call, tokens_per_batch
-        self.auto_grouping = AutoStepsPerCall()
-        self.device_prefetch = device_prefetch
+        self.auto_grouping, self.device_prefetch = AutoStepsPerCall(), device_prefetch
         self.prefetch_threaded: bool | None = None  # decided by timing on the first pass
-        self.handle_signals = handle_signals
         self.nonfinite_loss = NonFiniteLoss(state, allowed=allow_nonfinite_loss)  # says so once, in the run summary
         self.pending_logs = PendingLogs(self.logger, log_interval, on_loss=self.nonfinite_loss.see)
         self.stop_reason: str | None = None
@@ -307,12 +309,10 @@ class Trainer:
                 device_memory_budget = default_memory_budget(self.mesh.devices.flat[0])
             self.runner = StepRunner(state, self.engine, self.logger, loss_fn, self.mesh, strategy,
                                      device_train_microbatch_size, device_memory_budget,
-                                     report=print_line if run_summary else None)
+                                     print_line if run_summary else None, accumulate_train_batch_on_tokens)
             self.engine.run_event(Event.INIT)
             apply_schedulers(self, schedulers, scale_schedule_ratio, step_schedulers_every_batch)
             self.runner.build()
-            from composerjax.trainer.settings import hyperparameters
-
             self.hparams = hyperparameters(self)
             # Loading comes after INIT: surgery has already reshaped the model the weights must fit.
             self.engine.run_event(Event.BEFORE_LOAD)

@@ -166,7 +166,7 @@ def check_arguments(arguments: dict[str, Any]) -> None:
     if value is not None and not positive_int(value):
         raise ValueError(f"device_memory_budget={value!r}: expected a positive number of bytes")
     for flag in ("save_weights_only", "load_weights_only", "save_overwrite", "autoresume", "skip_nonfinite_updates",
-                 "allow_nonfinite_loss", "handle_signals", "auto_log_hparams"):
+                 "allow_nonfinite_loss", "handle_signals", "auto_log_hparams", "accumulate_train_batch_on_tokens"):
         if flag in arguments and not isinstance(arguments[flag], bool):
             raise ValueError(f"{flag}={arguments[flag]!r}: expected True or False")
     for field in ("load_path", "save_folder"):

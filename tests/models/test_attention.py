@@ -22,6 +22,7 @@ from composerjax.models.attention import (
 )
 from composerjax.models.factories import gpt2
 from composerjax.models.gpt2 import alibi_position_bias
+from composerjax.models.remat import checkpoint_after_gradient
 from composerjax.step.summary import format_compiled
 
 H100 = {"platform": "gpu", "device_kind": "NVIDIA H100 80GB HBM3", "compute_capability": "9.0"}
@@ -209,6 +210,25 @@ def test_the_compile_line_says_which_kernel_ran_and_why(fresh_record):
     assert ", attention xla (cpu: no fused attention kernel) (no algorithms)" in format_compiled(record)
 
 
+def test_the_compile_line_says_why_the_fused_kernel_fell_back(monkeypatch, fresh_record):
+    pretend_h100(monkeypatch)
+
+    def refuse(*args, **kwargs):
+        raise NotImplementedError("sequence length 8 unsupported")
+
+    monkeypatch.setattr(attention_module, "_cudnn_attention", refuse)
+    tokens = np.random.default_rng(0).integers(0, 64, size=(4, 9)).astype(np.int32)
+    model = gpt2("gpt2-tiny", vocab_size=64, n_positions=8, n_embd=128, n_layer=1, n_head=2)  # head size 64
+    trainer = Trainer(model, ArrayLoader((tokens[:, :-1], tokens[:, 1:]), batch_size=4), "1ba", optax.sgd(0.1),
+                      precision="amp_bf16", progress_bar=False, run_summary=False)  # bfloat16: cuDNN's to take
+    with pytest.warns(RuntimeWarning, match="cuDNN refused the inputs"):
+        trainer.fit()
+    (record,) = trainer.state.compiled_steps
+    reason = "cuDNN refused the inputs (NotImplementedError: sequence length 8 unsupported); fell back to XLA"
+    assert record.attention == f"xla ({reason})"
+    assert f", attention xla ({reason}) (no algorithms)" in format_compiled(record)
+
+
 def test_long_queries_go_in_blocks_with_the_same_outputs_and_gradients(monkeypatch):
     monkeypatch.setattr(attention_module, "_QUERY_BLOCK", 3)  # 8 queries: 3 blocks of 3, the last padded
     q, k, v = qkv()
@@ -233,6 +253,42 @@ def test_long_queries_go_in_blocks_with_the_same_outputs_and_gradients(monkeypat
     gradients = jax.grad(blocked, argnums=(0, 1, 2))(q, k, v), jax.grad(plain, argnums=(0, 1, 2))(q, k, v)
     for got, expected in zip(*gradients):
         np.testing.assert_allclose(got, expected, atol=2e-6)
+
+
+def test_blocked_attention_gradients_equal_the_unblocked_ones_for_every_input(monkeypatch):
+    q, k, v = qkv()
+    segments = jnp.array([[0, 0, 0, 1, 1, 1, 1, 1], [0, 0, 0, 0, 0, 2, 2, 3]])
+    lengths = jnp.array([8, 5], jnp.int32)
+    alibi = alibi_position_bias(2, jnp.arange(8), jnp.arange(8))
+    given = {"causal": True, "segment_ids": segments, "kv_lengths": lengths, "q_lengths": lengths}
+
+    def loss(q, k, v, bias):
+        return jnp.sum(jnp.sin(attention(q, k, v, bias=bias, **given)))
+
+    whole = jax.grad(loss, argnums=(0, 1, 2, 3))(q, k, v, alibi)
+    monkeypatch.setattr(attention_module, "_QUERY_BLOCK", 3)  # 8 queries: 3 blocks of 3, the last padded
+    blocked = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3)))(q, k, v, alibi)
+    for name, got, expected in zip(("query", "key", "value", "bias"), blocked, whole):
+        assert float(jnp.abs(expected).max()) > 0, name
+        np.testing.assert_allclose(got, expected, atol=2e-6, err_msg=name)
+
+
+def test_remat_layers_of_blocked_attention_keep_only_their_input_until_their_gradient():
+    # Each layer's backward loop starts its gradient buffers (dq, dk, dv) only once its gradient exists:
+    # were they constants, XLA would allocate every layer's in the forward pass (4 inputs' worth a layer).
+    x = jax.random.normal(jax.random.key(0), (2, 512, 2, 16))  # 2 blocks of 256 queries
+
+    def temp(layers: int) -> int:
+        layer = checkpoint_after_gradient(lambda x: x + attention(x, x, x, causal=True))
+
+        def loss(x):
+            for _ in range(layers):
+                x = layer(x)
+            return jnp.sum(x ** 2)
+
+        return jax.jit(jax.grad(loss)).lower(x).compile().memory_analysis().temp_size_in_bytes
+
+    assert temp(8) - temp(2) < 6 * 1.5 * x.nbytes
 
 
 def test_xla_attention_keeps_only_its_inputs_for_the_backward_pass():

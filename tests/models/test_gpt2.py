@@ -387,6 +387,46 @@ def test_remat_full_keeps_less_for_the_backward_pass(variants):
     assert temp["scan+full"] < 0.5 * temp["scan"]
 
 
+def amp_adamw_step_peak(config: GPT2Config, batch: int, length: int) -> int:
+    """Peak bytes (argument + output + temp - aliased) of a donated amp_bf16 AdamW train step, compiled from shapes.
+
+    What ``benchmarks/lm.py --lean`` measures for gpt2-small: float32 weights and AdamW moments,
+    the weights cast to bfloat16 inside the step, the chunked loss.
+    """
+    import optax
+
+    graphdef, params, rest = nnx.split(nnx.eval_shape(lambda: GPT2(config, rngs=nnx.Rngs(0))), nnx.Param, ...)
+    params, rest = nnx.to_pure_dict(params), nnx.to_pure_dict(rest)
+    optimizer = optax.adamw(1e-3)
+
+    def step(params, opt_state, rest, batch):
+        def loss(params):
+            bf16 = jax.tree.map(lambda p: p.astype(jnp.bfloat16), params)
+            return next_token_loss(nnx.merge(graphdef, nnx.State(bf16), nnx.State(rest)), batch)
+
+        updates, opt_state = optimizer.update(jax.grad(loss)(params), opt_state, params)
+        return optax.apply_updates(params, updates), opt_state
+
+    shape = lambda tree: jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)  # noqa: E731
+    tokens_shape = jax.ShapeDtypeStruct((batch, length), jnp.int32)
+    compiled = jax.jit(step, donate_argnums=(0, 1)).lower(
+        shape(params), shape(jax.eval_shape(optimizer.init, params)), shape(rest), (tokens_shape, tokens_shape)
+    ).compile()
+    memory = compiled.memory_analysis()
+    return (memory.argument_size_in_bytes + memory.output_size_in_bytes - memory.alias_size_in_bytes
+            + memory.temp_size_in_bytes)
+
+
+def test_remat_full_peak_memory_is_at_most_a_third_of_the_default():
+    # gpt2-small's proportions where they set the ratio (head size 64, n_head / n_embd = 1/64, 1024
+    # tokens, so attention goes in query blocks), small enough to compile in seconds. gpt2-small
+    # itself at 8 x 1024: benchmarks/lm.py --lean (RESULTS.md).
+    config = GPT2Config.preset("gpt2-tiny", vocab_size=512, n_positions=1024, n_embd=128, n_layer=6, n_head=2)
+    default = amp_adamw_step_peak(config, 2, 1024)
+    full = amp_adamw_step_peak(dataclasses.replace(config, remat="full"), 2, 1024)
+    assert full <= default / 3, (full / 2**20, default / 2**20)
+
+
 def test_scanned_layers_compile_one_block_in_a_loop(variants):
     def ops(compiled) -> int:
         return sum(" = " in line for line in compiled.as_text().splitlines())
@@ -475,19 +515,38 @@ def test_packed_documents_do_not_attend_across_their_segments():
     assert float(jnp.abs(forward(model, x)[:, 4:] - forward(model, other_first_document)[:, 4:]).max()) > 1e-3
 
 
-def test_surgery_that_walks_the_blocks_one_at_a_time_needs_the_unrolled_model():
+@pytest.mark.parametrize("surgeries", [("alibi",), ("alibi", "glu")])
+def test_alibi_and_glu_surgery_on_scanned_layers_give_the_unrolled_models_loss_and_gradients(surgeries):
     from composerjax.algorithms.alibi import apply_alibi
     from composerjax.algorithms.gated_linear_units import apply_gated_linear_units
 
-    def scanned() -> GPT2:
-        return GPT2(GPT2Config.preset("gpt2-tiny", n_layer=2, scan_layers=True), rngs=nnx.Rngs(0))
+    config = GPT2Config.preset("gpt2-tiny", **{**LEAN, "n_layer": 3})
+    unrolled = GPT2(config, rngs=nnx.Rngs(0))
+    scanned = GPT2(dataclasses.replace(config, scan_layers=True), rngs=nnx.Rngs(0))
+    for model in (unrolled, scanned):
+        assert apply_alibi(model, max_sequence_length=128) == 4  # 3 attentions and the position table
+        assert model.config.position == "alibi" and model.config.n_positions == 128 and not hasattr(model, "position")
+    assert scanned.blocks.attention.config.position == "alibi"  # the stacked block's one attention
+    if "glu" in surgeries:
+        assert apply_gated_linear_units(unrolled) == 3 and apply_gated_linear_units(scanned) == 1  # one stacked MLP
+        gate = scanned.blocks.mlp.gate.kernel
+        assert gate[...].shape == (3, 64, 256) and not np.allclose(gate[...][0], gate[...][1])  # a gate per layer
+        assert gate.get_metadata()["out_sharding"] == (None, None, "tensor")  # never split along the layer axis
+        assert unrolled.blocks[0].mlp.gate.kernel.get_metadata()["out_sharding"] == (None, "tensor")
+    nnx.update(scanned, stacked(nnx.state(unrolled), nnx.state(scanned), 3))
+    sequences = tokens((4, 41), seed=5) % 300
+    batch = (sequences[:, :-1], sequences[:, 1:])
 
-    with pytest.raises(TypeError, match="'GPT2Block' object is not iterable"):
-        apply_alibi(scanned(), max_sequence_length=256)
-    gated = scanned()
-    apply_gated_linear_units(gated)  # a gate of one layer's shape inside the stacked layers
-    with pytest.raises(ValueError):
-        forward(gated, tokens((1, 4)))
+    def loss_and_grads(model):
+        graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+        return jax.jit(jax.value_and_grad(lambda params: next_token_loss(nnx.merge(graphdef, params, rest), batch)))(
+            params)
+
+    (loss, grads), (scanned_loss, scanned_grads) = loss_and_grads(unrolled), loss_and_grads(scanned)
+    np.testing.assert_allclose(scanned_loss, loss, rtol=1e-6)
+    grads = stacked(grads, scanned_grads, 3)
+    for (path, got), (_, expected) in zip(nnx.to_flat_state(scanned_grads), nnx.to_flat_state(grads), strict=True):
+        np.testing.assert_allclose(got[...], expected[...], rtol=1e-5, atol=1e-7, err_msg=str(path))
 
 
 SHARDED_SCRIPT = """

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import LM_RECIPE_OVERRIDES
+from conftest import LM_RECIPE_OVERRIDES, prepare_example
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
@@ -52,6 +52,7 @@ def runs(tmp_path_factory) -> dict[str, tuple[int, Path]]:
     try:
         for name, command in commands.items():
             folder = tmp_path_factory.mktemp(name.replace(".", "_"))
+            prepare_example(name, folder)
             with open(folder / "stdout.txt", "w") as out, open(folder / "stderr.txt", "w") as err:
                 started[name] = (subprocess.Popen(command, cwd=folder, env=env, stdout=out, stderr=err), folder)
         for process, _ in started.values():

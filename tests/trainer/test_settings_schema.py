@@ -194,7 +194,8 @@ def test_hyperparameters_are_read_from_the_arguments_and_the_state():
                       save_interval="3ba")
     hparams = hyperparameters(trainer)
     assert list(hparams) == ["run_name", "max_duration", "seed", "precision", "optimizer", "algorithms", "callbacks",
-                             "loggers", "device_train_microbatch_size", "device_memory_budget", "log_interval",
+                             "loggers", "device_train_microbatch_size", "accumulate_train_batch_on_tokens",
+                             "device_memory_budget", "log_interval",
                              "parallelism", "mesh", "devices", "processes", "eval_interval", "save_interval",
                              "save_weights_only", "time_limit", "skip_nonfinite_updates", "dataloader_len",
                              "versions"]
