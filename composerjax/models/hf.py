@@ -20,6 +20,7 @@ GPT-2, ALiBi or rotary positions on GPT-2, wrapped linears) is refused with the 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -217,8 +218,11 @@ def load_pretrained(path: str | os.PathLike, *, dtype: Any = None, mesh: Mesh | 
             sharding = None
             if mesh is not None:
                 sharding = NamedSharding(mesh, rules.spec_for(name, shape, dict(mesh.shape), metadata.get(name)))
-            host = _ours_from_hf(reader, mappings[name], shape, config, name)
-            variable.set_value(_place(host.astype(param_dtype, copy=False), sharding))
+            if sharding is None:  # one device: arrange on the device, where it is several times faster
+                variable.set_value(_ours_on_device(reader, mappings[name], shape, config, name, param_dtype))
+            else:
+                host = _ours_from_hf(reader, mappings[name], shape, config, name)
+                variable.set_value(_place(host.astype(param_dtype, copy=False), sharding))
     finally:
         reader.close()
     params = nnx.from_flat_state(flat)
@@ -336,6 +340,34 @@ def _ours_from_hf(reader: _Reader, mapping: _Mapping, shape: tuple[int, ...], co
         raise ValueError(f"{', '.join(mapping.names[:1])}: shape {tuple(host.shape)} in the checkpoint does not fit "
                          f"{name} of shape {shape} (as config.json describes the model)")
     return host
+
+
+def _ours_on_device(reader: _Reader, mapping: _Mapping, shape: tuple[int, ...], config: Any, name: str,
+                    dtype: Any) -> jax.Array:
+    """:func:`_ours_from_hf` on the default device: the stored tensors go over as they are (contiguous,
+    in the checkpoint's dtype), and the transpose, stacking, vocabulary padding and cast run compiled."""
+    tensors = tuple(jax.device_put(reader.read(hf_name)) for hf_name in mapping.names)
+    stored = tensors[0].shape[::-1] if mapping.transposed else tensors[0].shape
+    stored = (len(tensors), *stored) if mapping.stacked else stored
+    axis = mapping.vocab_axis
+    pad = shape[axis] - config.vocab_size if axis is not None and stored[axis] == config.vocab_size else 0
+    expected = tuple(size + pad if index == axis else size for index, size in enumerate(stored))
+    if expected != shape:
+        raise ValueError(f"{', '.join(mapping.names[:1])}: shape {tuple(stored)} in the checkpoint does not fit "
+                         f"{name} of shape {shape} (as config.json describes the model)")
+    return _arrange(tensors, mapping.transposed, mapping.stacked, axis if pad else None, pad, jnp.dtype(dtype))
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2, 3, 4, 5))
+def _arrange(tensors: tuple[jax.Array, ...], transposed: bool, stacked: bool, axis: int | None, pad: int,
+             dtype: Any) -> jax.Array:
+    layers = [tensor.T if transposed else tensor for tensor in tensors]
+    array = jnp.stack(layers) if stacked else layers[0]
+    if axis is not None:
+        widths = [(0, 0)] * array.ndim
+        widths[axis] = (0, pad)
+        array = jnp.pad(array, widths)
+    return array.astype(dtype)
 
 
 def _active_mesh(mesh: Mesh | None) -> Mesh | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -44,7 +45,9 @@ def train_state_shardings(mesh: Mesh, train_state: Any, strategy: str | Parallel
     parameter its spec (NNX metadata, then rules, then fsdp on the largest divisible dimension);
     optimizer and algorithm state entries that mirror a parameter (same path suffix and shape, as
     adam's moments and EMA's averages do) get that parameter's spec; the model's other variables
-    and the clock stay replicated.
+    and the clock stay replicated, except the floating-point matrices among the model's other
+    variables (weights that do not train, such as LoRA's frozen base), which are sharded as
+    parameters are.
 
     Raises:
         ValueError: for an unknown strategy or a spec that does not fit.
@@ -71,10 +74,22 @@ def train_state_shardings(mesh: Mesh, train_state: Any, strategy: str | Parallel
                 return NamedSharding(mesh, param_specs[param][1])
         return NamedSharding(mesh, config.spec_for(name, shape, mesh_shape))
 
+    def frozen_weight(path: tuple[Any, ...], leaf: Any) -> NamedSharding:
+        # A floating-point matrix among the model's other variables is a weight that does not train
+        # (LoRA's frozen base, a frozen embedding): the largest part of a fine-tuned model, sharded as
+        # a parameter would be. Vectors (norm statistics), counters and RNG keys stay replicated.
+        shape, dtype = tuple(getattr(leaf, "shape", ())), getattr(leaf, "dtype", None)
+        if len(shape) < 2 or dtype is None or not jnp.issubdtype(dtype, jnp.floating):
+            return everywhere
+        name = path_of(path)
+        return NamedSharding(mesh, config.spec_for(name, shape, mesh_shape, metadata.get(name)))
+
     shardings = {}
     for group, tree in train_state._asdict().items():
         if group in ("params", "opt_state", "algorithm_state"):
             shardings[group] = jax.tree_util.tree_map_with_path(mirrored, tree)
+        elif group == "rest":
+            shardings[group] = jax.tree_util.tree_map_with_path(frozen_weight, tree)
         else:
             shardings[group] = jax.tree.map(lambda _: everywhere, tree)
     return type(train_state)(**shardings)

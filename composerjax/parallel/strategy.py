@@ -224,15 +224,16 @@ def _available() -> str:
 
 
 def partition_metadata(model: nnx.Module) -> dict[str, P]:
-    """``{param path: PartitionSpec}`` for parameters created with ``nnx.with_partitioning``.
+    """``{variable path: PartitionSpec}`` for the variables created with ``nnx.with_partitioning``.
+
+    Parameters and the model's other variables alike (a frozen weight keeps its layer's spec).
 
     Example:
         >>> partition_metadata(nnx.Linear(2, 3, rngs=nnx.Rngs(0)))
         {}
     """
-    _, params, _ = nnx.split(model, nnx.Param, ...)
     found = {}
-    for path, variable in nnx.to_flat_state(params):
+    for path, variable in nnx.to_flat_state(nnx.state(model)):
         metadata = variable.get_metadata() if hasattr(variable, "get_metadata") else {}
         names = metadata.get("out_sharding") or metadata.get("sharding_names") or metadata.get("sharding")
         if names:

@@ -279,3 +279,49 @@ def test_dropout_is_refused_where_its_stream_would_not_advance():
     np.testing.assert_array_equal(model(x), evaluated)  # eval: no dropout
     model.train()
     assert not np.allclose(model(x), evaluated)  # train: the adapter's input is dropped
+
+
+FSDP_SCRIPT = """
+import json, sys
+import jax, numpy as np, optax
+from flax import nnx
+sys.path.insert(0, {folder!r})
+from test_lora import LLAMA_TARGETS, loader, tiny_llama
+from composerjax import Trainer
+from composerjax.algorithms import LoRA
+from composerjax.models import ComposerCausalLM
+
+results = {{"devices": jax.device_count()}}
+for parallelism in ("ddp", "fsdp"):
+    trainer = Trainer(ComposerCausalLM(tiny_llama()), loader(), "3ba", optax.adamw(1e-2), progress_bar=False,
+                      run_summary=False, parallelism=parallelism,
+                      algorithms=[LoRA(rank=4, alpha=8, target_modules=LLAMA_TARGETS)])
+    trainer.fit()
+    rest = trainer.state.train_state.rest
+    frozen = {{jax.tree_util.keystr(p): (list(leaf.shape), sorted({{tuple(s.data.shape) for s in leaf.addressable_shards}}))
+              for p, leaf in jax.tree_util.tree_flatten_with_path(rest)[0]
+              if getattr(leaf, "ndim", 0) >= 2 and np.issubdtype(leaf.dtype, np.floating)}}
+    params = {{jax.tree_util.keystr(p): np.asarray(leaf).tolist()
+              for p, leaf in jax.tree_util.tree_flatten_with_path(trainer.state.train_state.params)[0]}}
+    results[parallelism] = {{"frozen": frozen, "params": params}}
+    trainer.close()
+print(json.dumps(results))
+"""
+
+
+def test_under_fsdp_the_frozen_weights_are_sharded_and_training_is_unchanged():
+    # LoRA's frozen base is most of a fine-tuned model: under FSDP no device holds a whole frozen matrix.
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
+    script = FSDP_SCRIPT.format(folder=str(HERE))
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    results = json.loads(out.stdout.strip().splitlines()[-1])
+    assert results["devices"] == 4
+    frozen = results["fsdp"]["frozen"]
+    assert any("embed" in path for path in frozen) and any("base_layer" in path for path in frozen)
+    for path, (shape, shard_shapes) in frozen.items():
+        assert len(shard_shapes) == 1 and np.prod(shard_shapes[0]) * 4 == np.prod(shape), (path, shape, shard_shapes)
+    for path, (shape, shard_shapes) in results["ddp"]["frozen"].items():
+        assert shard_shapes == [shape], path  # ddp replicates
+    for path, value in results["fsdp"]["params"].items():
+        np.testing.assert_allclose(value, results["ddp"]["params"][path], rtol=1e-5, atol=1e-6, err_msg=path)
