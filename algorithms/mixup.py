@@ -183,6 +183,7 @@ class MixUp(Algorithm):
         """Mix the inputs; then the targets or the loss."""
         if event == Event.BEFORE_FORWARD:
             inputs, targets = state.batch_get_item(self.input_key), state.batch_get_item(self.target_key)
+            _refuse_token_ids(inputs, targets)
             mixing, indices = mixup_sample(self.sample_key(state.step_rng), inputs.shape[0], self.alpha)
             mixed, _ = mixup_batch(inputs, targets, mixing, indices)
             state.batch_set_item(self.input_key, mixed)
@@ -202,6 +203,15 @@ class MixUp(Algorithm):
     def __repr__(self) -> str:
         return (f"MixUp(alpha={self.alpha}, interpolate_loss={self.interpolate_loss}, input_key={self.input_key!r}, "
                 f"target_key={self.target_key!r}, num_classes={self.num_classes!r})")
+
+
+def _refuse_token_ids(inputs: jax.Array, targets: jax.Array) -> None:
+    """Raise on ``(N, T)`` integer inputs with a target per position: token ids, which cannot be interpolated."""
+    if jnp.issubdtype(inputs.dtype, jnp.integer) and inputs.ndim == 2 and targets.shape == inputs.shape:
+        raise ValueError(
+            f"MixUp: the inputs are integer sequences ({inputs.dtype} of shape {tuple(inputs.shape)}) with a target "
+            "per position, i.e. token ids, which cannot be interpolated (a language model looks them up in an "
+            "embedding). MixUp is for images and float features: remove it from a language-model run")
 
 
 def num_classes_of(outputs: object, num_classes: int | None) -> int | None:

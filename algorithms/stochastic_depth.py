@@ -294,8 +294,8 @@ class StochasticDepth(Algorithm):
             logger.log_hyperparameters({"stochastic_depth/num_replaced": replaced})
             logger.log_metrics({"stochastic_depth/num_stochastic_layers": replaced})  # Composer's name
             if replaced == 0:
-                warnings.warn(f"StochasticDepth replaced no modules: the model has no {self.target.__name__}",
-                              stacklevel=2)
+                warnings.warn(f"StochasticDepth replaced no modules: the model has no {self.target.__name__}"
+                              f"{_unsupported_blocks(state.model)}", stacklevel=2)
             elif self.drop_warmup.value > 0:
                 warmup_drop_rates(state.model, jnp.zeros(()))
             return
@@ -311,6 +311,19 @@ class StochasticDepth(Algorithm):
                 f"stochastic_method={self.stochastic_method!r}, drop_rate={self.drop_rate}, "
                 f"drop_distribution={self.drop_distribution!r}, drop_warmup={self.drop_warmup!r}, "
                 f"scaling={self.scaling!r})")
+
+
+def _unsupported_blocks(model: nnx.Module) -> str:
+    """A note naming the language-model blocks in ``model`` that StochasticDepth cannot wrap ('' if none)."""
+    from composerjax.models.gpt2 import GPT2Block
+    from composerjax.models.llama import LlamaBlock
+
+    found = sorted({type(module).__name__ for _, module in nnx.iter_modules(model)
+                    if isinstance(module, (GPT2Block, LlamaBlock))})
+    if not found:
+        return ""
+    return (f" (its blocks, {', '.join(found)}, are not supported: they take positions and a KV cache and have no "
+            "residual(x) method to drop; StochasticDepth wraps BasicBlock and TinyGPT's DecoderBlock)")
 
 
 def _target_class(target_layer_name: str | type) -> type:

@@ -167,7 +167,8 @@ def generate_command(args: argparse.Namespace) -> int:
     config = _run_recipe(args.run_dir)
     tokenizer = _run_tokenizer(args.run_dir, config)
     model = _build_model(config)
-    prompt, shown = _prompt_tokens(tokenizer, args.prompt, model.module.config, args.max_new_tokens)
+    prompt, shown = _prompt_tokens(tokenizer, args.prompt, model.module.config, args.max_new_tokens,
+                                   _end_of_text(config, tokenizer))
     checkpoint = args.checkpoint if args.checkpoint is not None else _save_folder(config, args.run_dir)
     field = "--checkpoint" if args.checkpoint is not None else "save_folder"
     model, batch = _load_weights(model, checkpoint, field)
@@ -219,15 +220,12 @@ def _run_tokenizer(run_dir: str, config: Any) -> Any:
 
 
 def _build_model(config: Any) -> Any:
-    """The recipe's model, untrained; one that is not a GPT2 or Llama -> UsageError."""
+    """The recipe's model, untrained, after its INIT surgery (LoRA); one that is not a GPT2 or Llama -> UsageError."""
+    from composerjax.cli_export import model_after_init
     from composerjax.models.gpt2 import GPT2
     from composerjax.models.llama import Llama
-    from composerjax.trainer.config import ConfigError, _instantiate
 
-    try:
-        model = _instantiate("models", config.model)
-    except ConfigError as error:
-        raise UsageError(str(error)) from None
+    model = model_after_init(config)  # with the recipe's surgery at INIT (LoRA): the checkpoint's arrays fit it
     module = getattr(model, "module", None)
     if not isinstance(module, (GPT2, Llama)):
         built = type(module if module is not None else model).__name__
@@ -237,14 +235,25 @@ def _build_model(config: Any) -> Any:
     return model
 
 
-def _prompt_tokens(tokenizer: Any, text: str, model_config: Any, max_new_tokens: int) -> tuple[list[int], int]:
-    """``(prompt ids, how many of them to print)``: an empty prompt starts a new document after the separator."""
+def _end_of_text(config: Any, tokenizer: Any) -> int:
+    """The EOS id: the pretrained folder's (``data.tokenizer``: its config names it), else the trained tokenizer's."""
     from composerjax.data.tokenizer import eos_id
 
+    folder = config.data.hparams.get("tokenizer")
+    if isinstance(folder, str) and os.path.exists(folder):
+        from composerjax.data.pretrained_tokenizer import load_pretrained_tokenizer
+
+        return load_pretrained_tokenizer(folder).eos_id
+    return eos_id(tokenizer)
+
+
+def _prompt_tokens(tokenizer: Any, text: str, model_config: Any, max_new_tokens: int,
+                   end_of_text: int) -> tuple[list[int], int]:
+    """``(prompt ids, how many of them to print)``: an empty prompt starts a new document after the separator."""
     ids = list(tokenizer.encode(text).ids)
     shown = len(ids)
     if not ids:
-        ids = [eos_id(tokenizer)]
+        ids = [end_of_text]
     limit = model_config.n_positions
     if len(ids) > limit:
         raise UsageError(f"--prompt: {len(ids)} tokens, longer than the model's n_positions={limit}; expected at most "

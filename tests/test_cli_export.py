@@ -129,3 +129,18 @@ def test_a_structure_with_no_hf_architecture_is_refused_with_the_reason(tmp_path
     assert not (tmp_path / "out" / "config.json").exists()
     done = run([*CLI, "export", "runs/glu", "adapter", "--adapter"], tmp_path, expect=2)
     assert "LoRA" in done.stderr, done.stderr
+
+
+def test_generate_on_the_fine_tuned_run_equals_transformers_greedy_on_the_export(finetuned):
+    # generate rebuilds the model with LoRA's wrappers (the recipe's INIT surgery) before loading the checkpoint.
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    done = run([*CLI, "generate", "runs/finetune-llama", "--prompt", "What is 12 plus 7?", "--max-new-tokens", "6"],
+               finetuned)
+    tokenizer = AutoTokenizer.from_pretrained(finetuned / "runs/finetune-llama/hf")
+    model = AutoModelForCausalLM.from_pretrained(finetuned / "runs/finetune-llama/hf", torch_dtype=torch.float32)
+    ids = tokenizer("What is 12 plus 7?", return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        out = model.generate(ids, max_new_tokens=6, do_sample=False, min_new_tokens=6)
+    assert done.stdout.rstrip("\n") == tokenizer.decode(out[0])

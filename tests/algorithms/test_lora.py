@@ -298,7 +298,8 @@ for parallelism in ("ddp", "fsdp"):
                       algorithms=[LoRA(rank=4, alpha=8, target_modules=LLAMA_TARGETS)])
     trainer.fit()
     rest = trainer.state.train_state.rest
-    frozen = {{jax.tree_util.keystr(p): (list(leaf.shape), sorted({{tuple(s.data.shape) for s in leaf.addressable_shards}}))
+    frozen = {{jax.tree_util.keystr(p): (list(leaf.shape),
+                                        sorted({{tuple(s.data.shape) for s in leaf.addressable_shards}}))
               for p, leaf in jax.tree_util.tree_flatten_with_path(rest)[0]
               if getattr(leaf, "ndim", 0) >= 2 and np.issubdtype(leaf.dtype, np.floating)}}
     params = {{jax.tree_util.keystr(p): np.asarray(leaf).tolist()
