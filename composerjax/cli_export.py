@@ -85,14 +85,9 @@ def export_command(args: argparse.Namespace) -> int:
     model, batch = _load_weights(model, checkpoint, field)
     module = getattr(model, "module", model)
     try:
-        if args.adapter:
-            from composerjax.models.lora import save_lora_adapter
+        from composerjax.models.hf import save_pretrained
 
-            save_lora_adapter(module, out_dir)
-        else:
-            from composerjax.models.hf import save_pretrained
-
-            save_pretrained(module, out_dir)
+        save_pretrained(module, out_dir, merge=not args.adapter)
     except ValueError as error:  # a structure with no HF architecture, or --adapter on a model without LoRA
         raise UsageError(str(error)) from None
     copied = _copy_tokenizer(config, args.run_dir, out_dir)

@@ -428,7 +428,8 @@ def _check_structure(module: nnx.Module) -> None:
                              "merge or undo it before exporting)")
 
 
-def save_pretrained(model: Any, path: str | os.PathLike, *, max_shard_size: int = 5 * 2**30) -> list[str]:
+def save_pretrained(model: Any, path: str | os.PathLike, *, merge: bool = True,
+                    max_shard_size: int = 5 * 2**30) -> list[str]:
     """Write ``model`` as a Hugging Face folder: ``config.json`` and safetensors that transformers loads.
 
     ``transformers.AutoModelForCausalLM.from_pretrained(path)`` rebuilds it with the same logits. The
@@ -443,10 +444,14 @@ def save_pretrained(model: Any, path: str | os.PathLike, *, max_shard_size: int 
         model: a :class:`~composerjax.models.GPT2` or :class:`~composerjax.models.llama.Llama`, or a
             :class:`~composerjax.models.ComposerCausalLM` holding one (``trainer.state.model``).
         path: the folder to write (created if missing).
+        merge: LoRA adapters are merged into the weights (the default); ``False`` writes only the
+            adapters, as a PEFT adapter folder (:func:`~composerjax.models.lora.save_lora_adapter`:
+            ``adapter_config.json`` and ``adapter_model.safetensors``, which
+            ``peft.PeftModel.from_pretrained(base, path)`` loads over the original model).
         max_shard_size: the most bytes of tensors in one file.
 
     Returns:
-        The files written (paths), ``config.json`` first.
+        The files written (paths), ``config.json`` (or ``adapter_config.json``) first.
 
     Raises:
         ValueError: a model whose structure or configuration no longer maps onto the Hugging Face
@@ -459,6 +464,13 @@ def save_pretrained(model: Any, path: str | os.PathLike, *, max_shard_size: int 
     """
     from safetensors.numpy import save_file
 
+    if not isinstance(merge, bool):
+        raise ValueError(f"merge={merge!r}: expected True (merge LoRA adapters into the weights) or False (write "
+                         "a PEFT adapter folder)")
+    if not merge:
+        from composerjax.models.lora import save_lora_adapter
+
+        return save_lora_adapter(model, path)
     module = _bare(model)
     if isinstance(max_shard_size, bool) or not isinstance(max_shard_size, int) or max_shard_size < 1:
         raise ValueError(f"max_shard_size={max_shard_size!r}: expected a positive number of bytes")

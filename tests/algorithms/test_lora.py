@@ -216,11 +216,25 @@ def test_merged_export_loads_in_transformers_with_the_wrapped_logits(tmp_path):
     module = trainer.state.model.module
     x = tokens()
     wrapped = np.asarray(module(x))
-    save_pretrained(merge_lora(nnx.clone(module)), tmp_path / "merged")
+    save_pretrained(trainer.state.model, tmp_path / "merged")  # merges by default, from a copy
+    assert sum(isinstance(m, LoRALinear) for _, m in nnx.iter_modules(module)) == 14  # the model keeps them
     hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "merged", torch_dtype=torch.float32).eval()
     with torch.no_grad():
         theirs = hf(torch.tensor(np.asarray(x))).logits.numpy()
     np.testing.assert_allclose(theirs, wrapped, rtol=0, atol=1e-4)
+    save_pretrained(merge_lora(nnx.clone(module)), tmp_path / "merged-by-hand")
+    for name in ("config.json", "model.safetensors"):
+        assert (tmp_path / "merged" / name).read_bytes() == (tmp_path / "merged-by-hand" / name).read_bytes()
+    # merge=False: the PEFT adapter folder, as save_lora_adapter writes it.
+    files = save_pretrained(trainer.state.model, tmp_path / "adapter", merge=False)
+    assert [Path(f).name for f in files] == ["adapter_config.json", "adapter_model.safetensors"]
+    save_lora_adapter(module, tmp_path / "adapter-by-hand")
+    for name in ("adapter_config.json", "adapter_model.safetensors"):
+        assert (tmp_path / "adapter" / name).read_bytes() == (tmp_path / "adapter-by-hand" / name).read_bytes()
+    with pytest.raises(ValueError, match=r"merge='no': expected True .* or False"):
+        save_pretrained(module, tmp_path / "x", merge="no")
+    with pytest.raises(ValueError):
+        save_pretrained(tiny_llama(), tmp_path / "y", merge=False)  # no adapters to write
 
 
 def test_explain_names_lora_and_the_wrapped_modules():
