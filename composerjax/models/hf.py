@@ -241,9 +241,14 @@ def _local_folder(path: Any) -> str:
     if os.path.exists(text):
         raise ValueError(f"load_pretrained({text!r}): a file, expected a Hugging Face model folder (config.json and "
                          "model.safetensors)")
-    raise ValueError(f"load_pretrained({text!r}): no such local folder. Nothing is downloaded (no network access): a "
-                     "hub id such as 'HuggingFaceTB/SmolLM-135M' must be downloaded first (e.g. `hf download "
-                     f"{text} --local-dir DIR`), then pass the local folder")
+    parts = text.split("/")
+    if len(parts) == 2 and all(parts) and not text.startswith((".", "~")):  # reads as a hub id: 'owner/name'
+        raise ValueError(f"load_pretrained({text!r}): no such local folder. Nothing is downloaded (no network "
+                         "access): a hub id such as 'HuggingFaceTB/SmolLM-135M' must be downloaded first (e.g. `hf "
+                         f"download {text} --local-dir DIR`), then pass the local folder")
+    raise ValueError(f"load_pretrained({text!r}): no such local folder (looked for {os.path.abspath(text)}); "
+                     "expected a Hugging Face model folder on this machine (config.json and model.safetensors). "
+                     "Nothing is downloaded: pass the local folder")
 
 
 def _read_json(path: str, what: str) -> dict[str, Any]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -403,3 +404,11 @@ def test_fsdp_loading_on_4_devices_never_puts_a_whole_weight_on_one_device(tmp_p
     assert report["params"]["argument:tokens/embedding"]["shards"] == [[32, 32]]  # 128 padded rows / 4
     for source in ("argument", "set_mesh"):
         assert_same_logits(np.asarray(report[source + ":logits"], np.float32), hf_logits(reference, tokens))
+
+
+def test_a_missing_local_path_is_named_with_where_it_was_looked_for(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match=r"load_pretrained\('runs/tiny-llama/model'\): no such local folder \(looked "
+                                         rf"for {re.escape(str(tmp_path))}/runs/tiny-llama/model\); .*pass the local "
+                                         "folder"):
+        load_pretrained("runs/tiny-llama/model")
