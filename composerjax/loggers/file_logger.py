@@ -140,6 +140,10 @@ class FileLogger(LoggerDestination):
         if self._file is not None:
             self._file.flush()
 
+    #: Its only per-batch work is the flush below, which is the same after a grouped call (once per
+    #: batch of the group, after the group's rows were logged): it never blocks ``steps_per_call``.
+    accepts_grouped_batches = True
+
     # Rows reach the disk at least once per batch, so a crashed run keeps what it logged.
     def batch_checkpoint(self, state: State, logger: Logger) -> None:
         self.flush()

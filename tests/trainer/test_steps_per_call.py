@@ -220,3 +220,27 @@ def test_speed_monitor_keeps_grouping_and_logs_a_rate_for_every_batch_after_its_
     assert [step for step, _ in rates] == [step for step, _ in logged(single_memory, "throughput/samples_per_sec")]
     assert [step for step, _ in rates] == list(range(5, 11))
     assert all(rate > 0 for _, rate in rates)
+
+
+def test_a_file_logger_keeps_grouping_and_writes_every_batchs_row_as_single_steps_do(tmp_path):
+    # The rows are read back by a fresh process after the writer's trainer closed its file.
+    import json
+    import subprocess
+    import sys
+
+    from composerjax.loggers import FileLogger
+
+    rows = {}
+    for steps_per_call in (1, 5):
+        path = tmp_path / f"metrics-{steps_per_call}.jsonl"
+        trainer, _ = make(steps_per_call, "1ep")
+        trainer.logger.destinations.append(FileLogger(str(path)))
+        assert trainer.grouping_blocked_by == []
+        trainer.fit()
+        trainer.close()
+        assert grouped_calls(trainer) == (1 if steps_per_call == 5 else 0)  # a grouped step was compiled
+        read = subprocess.run([sys.executable, "-c", "import sys; print(open(sys.argv[1]).read())", str(path)],
+                              capture_output=True, text=True, check=True).stdout
+        rows[steps_per_call] = [row for row in map(json.loads, read.split("\n")[:-2]) if "loss/train/total" in row]
+    assert [row["step"] for row in rows[5]] == list(range(1, 11))
+    assert [row["loss/train/total"] for row in rows[5]] == [row["loss/train/total"] for row in rows[1]]
