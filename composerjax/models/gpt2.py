@@ -21,13 +21,12 @@ from flax import nnx
 
 from composerjax.models.attention import IMPLEMENTATIONS, attention, positions_from_segments
 from composerjax.models.gpt import FeedForward
-from composerjax.models.remat import checkpoint_after_gradient
+from composerjax.models.remat import REMAT, padded_initializer, with_remat
 
 __all__ = ["GPT2", "GPT2Config", "GPT2_CONFIGS", "KVCache", "apply_rotary", "flops_per_token", "parameter_count"]
 
 POSITIONS = ("learned", "rotary", "alibi")
 #: ``GPT2Config.remat``: what the backward pass keeps of each block (``jax.checkpoint`` policies).
-REMAT = ("none", "dots", "full")
 _INIT_STD = 0.02  # GPT-2's initializer_range
 
 #: One ``(keys, values)`` pair per block, each ``(batch, length, heads, head_dim)``.
@@ -408,25 +407,8 @@ def _block_function(graphdef: nnx.GraphDef, remat: str, positions: jax.Array, se
         x, _ = block(x, positions, segment_ids=segment_ids, deterministic=deterministic)
         return x, (nnx.state(block, nnx.RngState) if draws else None)
 
-    if remat == "none":
-        return apply
-    policy = jax.checkpoint_policies.dots_with_no_batch_dims_saveable if remat == "dots" else None
-    if scanned:
-        return jax.checkpoint(apply, policy=policy, prevent_cse=False)
-    return checkpoint_after_gradient(apply, policy)
+    return with_remat(apply, remat, scanned)
 
-
-def _padded(initializer: Any, size: int, axis: int) -> Any:
-    """``initializer`` for the first ``size`` entries along ``axis`` (the real vocabulary); the padding is zero."""
-
-    def init(key: jax.Array, shape: tuple[int, ...], dtype: Any = jnp.float32) -> jax.Array:
-        real = list(shape)
-        real[axis] = size
-        pad = [(0, 0)] * len(shape)
-        pad[axis] = (0, shape[axis] - size)
-        return jnp.pad(initializer(key, tuple(real), dtype), pad)
-
-    return init
 
 
 class GPT2(nnx.Module):
@@ -451,7 +433,8 @@ class GPT2(nnx.Module):
         vocab, padded = config.vocab_size, config.padded_vocab_size
         embed = {"dtype": config.dtype, "param_dtype": config.param_dtype, "rngs": rngs}
         self.tokens = nnx.Embed(padded, config.n_embd,
-                                embedding_init=_padded(nnx.initializers.normal(_INIT_STD), vocab, 0), **embed)
+                                embedding_init=padded_initializer(nnx.initializers.normal(_INIT_STD), vocab, 0),
+                                **embed)
         if config.position == "learned":
             self.position = nnx.Embed(config.n_positions, config.n_embd,
                                       embedding_init=nnx.initializers.normal(_INIT_STD), **embed)
@@ -468,7 +451,7 @@ class GPT2(nnx.Module):
         self.norm = _layer_norm(config, rngs)
         if not config.tie_embeddings:
             # (D, V_padded): the padding columns start at zero, as the embedding's padding rows.
-            kernel_init = _padded(nnx.initializers.normal(_INIT_STD), vocab, 1)
+            kernel_init = padded_initializer(nnx.initializers.normal(_INIT_STD), vocab, 1)
             self.head = nnx.Linear(config.n_embd, padded, use_bias=False,
                                    kernel_init=_partitioned(kernel_init, (None, "tensor")), dtype=config.dtype,
                                    param_dtype=config.param_dtype, rngs=rngs)

@@ -30,7 +30,7 @@ from composerjax.models.llama_config import (
     llama_parameter_count,
     rope_frequencies,
 )
-from composerjax.models.remat import checkpoint_after_gradient
+from composerjax.models.remat import padded_initializer, with_remat
 
 __all__ = [
     "LLAMA_CONFIGS",
@@ -192,23 +192,8 @@ def _block_function(graphdef: nnx.GraphDef, remat: str, positions: jax.Array, se
     def apply(state: nnx.State, x: jax.Array) -> jax.Array:
         return nnx.merge(graphdef, state)(x, positions, segment_ids=segment_ids)[0]
 
-    if remat == "none":
-        return apply
-    policy = jax.checkpoint_policies.dots_with_no_batch_dims_saveable if remat == "dots" else None
-    if scanned:
-        return jax.checkpoint(apply, policy=policy, prevent_cse=False)
-    return checkpoint_after_gradient(apply, policy)
+    return with_remat(apply, remat, scanned)
 
-
-def _padded(initializer: Any, size: int, axis: int) -> Any:
-    def init(key: jax.Array, shape: tuple[int, ...], dtype: Any = jnp.float32) -> jax.Array:
-        real = list(shape)
-        real[axis] = size
-        pad = [(0, 0)] * len(shape)
-        pad[axis] = (0, shape[axis] - size)
-        return jnp.pad(initializer(key, tuple(real), dtype), pad)
-
-    return init
 
 
 class Llama(nnx.Module):
@@ -230,7 +215,7 @@ class Llama(nnx.Module):
         self.config = config
         vocab, padded = config.vocab_size, config.padded_vocab_size
         self.tokens = nnx.Embed(padded, config.hidden_size,
-                                embedding_init=_padded(nnx.initializers.normal(_INIT_STD), vocab, 0),
+                                embedding_init=padded_initializer(nnx.initializers.normal(_INIT_STD), vocab, 0),
                                 dtype=config.dtype, param_dtype=config.param_dtype, rngs=rngs)
         self.tokens.dtype = config.dtype  # None follows the arrays (see GPT2)
         if config.scan_layers:
@@ -240,9 +225,9 @@ class Llama(nnx.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, param_dtype=config.param_dtype,
                             dtype=config.dtype)
         if not config.tie_word_embeddings:
+            kernel_init = padded_initializer(nnx.initializers.normal(_INIT_STD), vocab, 1)
             self.head = nnx.Linear(config.hidden_size, padded, use_bias=False,
-                                   kernel_init=_partitioned(_padded(nnx.initializers.normal(_INIT_STD), vocab, 1),
-                                                            (None, "tensor")),
+                                   kernel_init=_partitioned(kernel_init, (None, "tensor")),
                                    dtype=config.dtype, param_dtype=config.param_dtype, rngs=rngs)
 
     def __call__(self, tokens: jax.Array, *, segment_ids: jax.Array | None = None,

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from composerjax.models.attention import IMPLEMENTATIONS
+from composerjax.models.remat import REMAT
 
 __all__ = [
     "LLAMA_CONFIGS",
@@ -27,7 +28,6 @@ __all__ = [
 ]
 
 #: ``LlamaConfig.remat``: what the backward pass keeps of each block (``jax.checkpoint`` policies).
-REMAT = ("none", "dots", "full")
 
 
 @dataclass(frozen=True)

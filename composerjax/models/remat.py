@@ -17,7 +17,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-__all__ = ["checkpoint_after_gradient"]
+__all__ = ["REMAT", "checkpoint_after_gradient", "padded_initializer", "with_remat"]
+
+#: The ``remat`` settings of the language models: what the backward pass recomputes.
+REMAT = ("none", "dots", "full")
 
 
 def checkpoint_after_gradient(function: Callable[..., Any], policy: Callable[..., bool] | None = None
@@ -56,3 +59,43 @@ def checkpoint_after_gradient(function: Callable[..., Any], policy: Callable[...
 
     run.defvjp(forward, backward)
     return run
+
+
+def with_remat(function: Callable[..., Any], remat: str, scanned: bool = False) -> Callable[..., Any]:
+    """``function`` (one block) under a model's ``remat`` setting: ``'none'``, ``'dots'`` or ``'full'``.
+
+    ``'dots'`` saves the matmul outputs without batch dimensions (the projections and the MLP) and
+    recomputes the rest; ``'full'`` saves nothing but the block's input. ``scanned``: the function
+    is a ``lax.scan`` body, where the loop orders the recomputation and plain ``jax.checkpoint``
+    is enough; unrolled, :func:`checkpoint_after_gradient` orders it after the incoming gradient.
+
+    Example:
+        >>> layer = with_remat(lambda x: jnp.tanh(x) * 2, "full")
+        >>> float(jax.grad(lambda x: layer(x).sum())(jnp.zeros(3))[0])
+        2.0
+    """
+    if remat == "none":
+        return function
+    policy = jax.checkpoint_policies.dots_with_no_batch_dims_saveable if remat == "dots" else None
+    if scanned:
+        return jax.checkpoint(function, policy=policy, prevent_cse=False)
+    return checkpoint_after_gradient(function, policy)
+
+
+def padded_initializer(initializer: Callable[..., Any], size: int, axis: int) -> Callable[..., Any]:
+    """``initializer`` for the first ``size`` entries along ``axis`` (the real vocabulary); the padding is zero.
+
+    Example:
+        >>> init = padded_initializer(jax.nn.initializers.ones, 2, 0)
+        >>> init(jax.random.key(0), (4, 1)).ravel().tolist()
+        [1.0, 1.0, 0.0, 0.0]
+    """
+
+    def init(key: jax.Array, shape: tuple[int, ...], dtype: Any = jnp.float32) -> jax.Array:
+        real = list(shape)
+        real[axis] = size
+        pad = [(0, 0)] * len(shape)
+        pad[axis] = (0, shape[axis] - size)
+        return jnp.pad(initializer(key, tuple(real), dtype), pad)
+
+    return init
