@@ -41,8 +41,8 @@ import optax
 from flax import nnx
 
 from composerjax import ArrayLoader, Callback, Trainer
+from composerjax.checkpoint.checkpointer import Checkpointer
 from composerjax.models import MLP
-from composerjax.trainer.checkpoint import Checkpointer
 
 CASE = "medium MLP 784-512-512-10, batch 128"
 SIZES = (784, 512, 512, 10)

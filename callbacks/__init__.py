@@ -21,7 +21,7 @@ from composerjax.callbacks.threshold_stopper import ThresholdStopper
 from composerjax.callbacks.trace_recorder import TraceRecorder
 
 # The Trainer's own built-ins (installed from its arguments; pass an instance to configure one yourself).
-from composerjax.trainer.checkpoint_saver import CheckpointSaver
+from composerjax.checkpoint.saver import CheckpointSaver
 from composerjax.trainer.eval_runner import EvalRunner
 from composerjax.trainer.stopping import SignalHandler, TimeLimit
 

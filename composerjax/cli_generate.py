@@ -86,12 +86,12 @@ def load_model_weights(model: Any, path: str, field: str = "load_path") -> tuple
     """
     import jax.numpy as jnp
 
+    from composerjax.checkpoint.checkpointer import Checkpointer
+    from composerjax.checkpoint.saver import checkpoint_location
     from composerjax.core.state import State
     from composerjax.core.train_state import TrainState
     from composerjax.step.builder import merge_model, split_model
     from composerjax.step.keys import KeyCodec
-    from composerjax.trainer.checkpoint import Checkpointer
-    from composerjax.trainer.checkpoint_saver import checkpoint_location
 
     folder, name = checkpoint_location(os.fspath(path))
     graphdef, params, rest = split_model(model)
@@ -266,8 +266,8 @@ def _prompt_tokens(tokenizer: Any, text: str, model_config: Any, max_new_tokens:
 
 def _save_folder(config: Any, run_dir: str) -> str:
     """The run's ``save_folder`` as the Trainer formats it: ``'{run_name}/checkpoints'`` -> ``'my-run/checkpoints'``."""
+    from composerjax.checkpoint.writer import format_name
     from composerjax.core.time import Timestamp
-    from composerjax.trainer.checkpoint_writer import format_name
 
     folder = config.save_folder
     if folder is None:
@@ -284,7 +284,7 @@ def _save_folder(config: Any, run_dir: str) -> str:
 
 
 def _load_weights(model: Any, path: str, field: str) -> tuple[Any, int]:
-    from composerjax.trainer.checkpoint import CheckpointCorruptError, CheckpointMismatchError
+    from composerjax.checkpoint.checkpointer import CheckpointCorruptError, CheckpointMismatchError
 
     try:
         return load_model_weights(model, path, field)

@@ -86,6 +86,8 @@ def test_only_step_touches_the_step_builders_caches():
     ("composerjax.dist", "composerjax.parallel.dist"),
     ("composerjax.launch", "composerjax.parallel.launch"),
     ("composerjax.surgery", "composerjax.models.surgery"),
+    ("composerjax.trainer.checkpoint", "composerjax.checkpoint.checkpointer"),
+    ("composerjax.trainer.checkpoint_saver", "composerjax.checkpoint.saver"),
 ])
 def test_old_import_paths_give_the_same_objects(old, new):
     shim, moved = importlib.import_module(old), importlib.import_module(new)
@@ -124,7 +126,9 @@ def test_one_process_zero_helper():
 
 
 def test_checkpoint_module_still_exports_what_it_did():
-    from composerjax.trainer import checkpoint, checkpoint_checks, checkpoint_writer
+    from composerjax.checkpoint import checkpointer as checkpoint
+    from composerjax.checkpoint import checks as checkpoint_checks
+    from composerjax.checkpoint import writer as checkpoint_writer
 
     for name in ("CheckpointSaveError", "CheckpointCorruptError", "SaveFolderInUseError", "CheckpointMismatchError",
                  "checksums"):

@@ -1,6 +1,6 @@
 """The Trainer, its checkpoints and how it stops."""
 
-from composerjax.trainer.checkpoint import Checkpointer, CheckpointMismatchError
+from composerjax.checkpoint.checkpointer import Checkpointer, CheckpointMismatchError
 from composerjax.trainer.interrupt import BatchError, TrainingInterrupted
 from composerjax.trainer.trainer import Trainer
 

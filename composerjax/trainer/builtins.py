@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from composerjax.trainer.checkpoint_saver import CheckpointSaver
+from composerjax.checkpoint.saver import CheckpointSaver
 from composerjax.trainer.stopping import SignalHandler, TimeLimit
 
 __all__ = ["install_builtins"]

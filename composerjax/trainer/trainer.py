@@ -11,6 +11,8 @@ import jax
 import optax
 from flax import nnx
 
+from composerjax.checkpoint.saver import load_at_start, refuse_old_checkpoints, save_now
+from composerjax.console import print_error, print_line
 from composerjax.core.algorithm import Algorithm
 from composerjax.core.callback import Callback
 from composerjax.core.engine import Engine
@@ -32,9 +34,7 @@ from composerjax.step.runner import StepRunner, default_memory_budget
 from composerjax.trainer import exit_hook
 from composerjax.trainer.auto_grouping import AutoStepsPerCall
 from composerjax.trainer.builtins import install_builtins
-from composerjax.trainer.checkpoint_saver import load_at_start, refuse_old_checkpoints, save_now
 from composerjax.trainer.composer_arguments import refuse_unknown_arguments
-from composerjax.trainer.console import print_error, print_line
 from composerjax.trainer.fit_arguments import apply_fit_arguments, apply_schedulers, log_run_summary, set_evaluators
 from composerjax.trainer.fit_loop import FitLoop, PendingLogs, grouping_blocked_by
 from composerjax.trainer.interrupt import StopDecision, TrainingInterrupted
@@ -149,7 +149,7 @@ class Trainer:
         load_path: load at start: a ``save_folder`` (its newest checkpoint) or one checkpoint's
             folder inside it (``'runs/x/checkpoints/ep3-ba1200'``). Checked against the run first: a
             checkpoint that does not fit the model, optimizer or algorithms raises
-            :class:`~composerjax.trainer.checkpoint.CheckpointMismatchError` listing every difference.
+            :class:`~composerjax.checkpoint.checkpointer.CheckpointMismatchError` listing every difference.
         load_weights_only: from ``load_path`` take only the model's variables; time, optimizer
             and algorithm state start fresh.
         load_strict_model_weights: model names and shapes must match the checkpoint's exactly; False

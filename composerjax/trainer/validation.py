@@ -182,7 +182,7 @@ def check_arguments(arguments: dict[str, Any]) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or (value < 1 and value != -1):
         raise ValueError(f"save_num_checkpoints_to_keep={value!r}: expected a positive integer, or -1 to keep all")
     value = arguments.get("load_path")
-    from composerjax.trainer.checkpoint_storage import is_remote, storage_for
+    from composerjax.checkpoint.storage import is_remote, storage_for
 
     if value is not None and is_remote(value):
         storage_for(value, "load_path")  # an unsupported scheme (ftp://) is refused now; a bucket is read at load

@@ -16,11 +16,11 @@ from flax import nnx
 
 from composerjax import ArrayLoader, CheckpointMismatchError, Trainer
 from composerjax.algorithms import EMA
+from composerjax.checkpoint.checkpointer import CheckpointSaveError
+from composerjax.checkpoint.load import named_leaves
+from composerjax.checkpoint.writer import REPLACED, read_info
 from composerjax.optim import DecoupledAdamW
 from composerjax.trainer import Checkpointer
-from composerjax.trainer.checkpoint import CheckpointSaveError
-from composerjax.trainer.checkpoint_load import named_leaves
-from composerjax.trainer.checkpoint_writer import REPLACED, read_info
 
 RNG = np.random.default_rng(0)
 X = RNG.normal(size=(48, 4)).astype(np.float32)

@@ -16,7 +16,7 @@ import pytest
 from composerjax import Event
 from composerjax import algorithms as algorithms_module
 from composerjax import callbacks as callbacks_module
-from composerjax.trainer.checkpoint_saver import CheckpointSaver
+from composerjax.checkpoint.saver import CheckpointSaver
 
 REQUIRED = object()
 

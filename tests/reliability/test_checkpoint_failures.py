@@ -23,13 +23,13 @@ import pytest
 from flax import nnx
 
 from composerjax import ArrayLoader, Trainer
-from composerjax.trainer import Checkpointer
-from composerjax.trainer.checkpoint import (
+from composerjax.checkpoint.checkpointer import (
     CheckpointCorruptError,
     CheckpointMismatchError,
     CheckpointSaveError,
     checksums,
 )
+from composerjax.trainer import Checkpointer
 
 SCRIPT = Path(__file__).with_name("train_script.py")
 

@@ -23,7 +23,7 @@ import optax
 from flax import nnx
 
 from composerjax import ArrayLoader, ComposerClassifier, Trainer
-from composerjax.trainer.checkpoint_storage import MARKER, RemoteFolder
+from composerjax.checkpoint.storage import MARKER, RemoteFolder
 
 
 def kill_before_marker(batch: int) -> None:

@@ -18,9 +18,9 @@ from flax import nnx
 from composerjax import ArrayLoader, BatchError, Callback, CheckpointMismatchError, Trainer
 from composerjax.algorithms import EMA, SWA
 from composerjax.callbacks import NaNMonitor
+from composerjax.checkpoint.checkpointer import OWNER_FILE
 from composerjax.loggers import InMemoryLogger
 from composerjax.trainer import Checkpointer
-from composerjax.trainer.checkpoint import OWNER_FILE
 from composerjax.trainer.stopping import TimeLimit
 
 

@@ -20,9 +20,9 @@ from flax import nnx
 from moto.server import ThreadedMotoServer
 
 from composerjax import ArrayLoader, Trainer
-from composerjax.trainer.checkpoint import CheckpointSaveError
-from composerjax.trainer.checkpoint_saver import checkpoint_location
-from composerjax.trainer.checkpoint_storage import MARKER, RemoteFolder, storage_for
+from composerjax.checkpoint.checkpointer import CheckpointSaveError
+from composerjax.checkpoint.saver import checkpoint_location
+from composerjax.checkpoint.storage import MARKER, RemoteFolder, storage_for
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "remote_resume_script.py")
 

@@ -20,9 +20,9 @@ import os
 import sys
 from typing import Any
 
+from composerjax.checkpoint.checks import first_line
+from composerjax.checkpoint.writer import remove_checkpoint
 from composerjax.parallel import dist
-from composerjax.trainer.checkpoint_checks import first_line
-from composerjax.trainer.checkpoint_writer import remove_checkpoint
 
 __all__ = ["SETTLE_TIMEOUT_S", "FailedSaves", "remove_unfinished"]
 

@@ -9,7 +9,7 @@ anything else) is never listed or loaded, so the bucket's previous checkpoints s
 complete ones. Reading downloads the files the marker names into a local folder and loads that.
 
 :func:`storage_for` picks the store for a ``save_folder``/``load_path``; :class:`LocalFolder` and
-:class:`RemoteFolder` offer the same operations to :class:`~composerjax.trainer.checkpoint.Checkpointer`.
+:class:`RemoteFolder` offer the same operations to :class:`~composerjax.checkpoint.checkpointer.Checkpointer`.
 
 Credentials and endpoints are fsspec's (``s3fs``: the ``AWS_*`` variables, including
 ``AWS_ENDPOINT_URL`` for an S3-compatible server; ``gcsfs``: Google's application default
@@ -29,14 +29,14 @@ import tempfile
 import time
 from typing import Any
 
-from composerjax.parallel import dist
-from composerjax.trainer.checkpoint_writer import (
+from composerjax.checkpoint.writer import (
     REPLACED,
     CheckpointInfo,
     list_checkpoints,
     point_latest,
     remove_checkpoint,
 )
+from composerjax.parallel import dist
 
 __all__ = ["MARKER", "SCHEMES", "LocalFolder", "RemoteFolder", "filesystem", "is_remote", "storage_for"]
 

@@ -1,9 +1,9 @@
 """What a checkpoint is checked against: the errors it raises, array checksums, saved-vs-expected comparison.
 
-Used by :class:`~composerjax.trainer.checkpoint.Checkpointer`: a save records :func:`checksums` of
+Used by :class:`~composerjax.checkpoint.checkpointer.Checkpointer`: a save records :func:`checksums` of
 its arrays; a restore lists every difference between the saved arrays and the run's
 (:func:`compare_named`, :func:`structure_problem`) before reading anything, and the checksums of
-what it read back after. ``composerjax.trainer.checkpoint`` re-exports the errors and
+what it read back after. ``composerjax.checkpoint.checkpointer`` re-exports the errors and
 :func:`checksums`.
 
 Example:

@@ -11,7 +11,7 @@
   the train loop is not stalled by the writer.
 * :func:`call_with_timeout`: wait for orbax with a deadline.
 * Importing this module makes orbax's writer-thread errors print one line each instead of a traceback
-  per thread (the cause is in :class:`~composerjax.trainer.checkpoint_checks.CheckpointSaveError`).
+  per thread (the cause is in :class:`~composerjax.checkpoint.checks.CheckpointSaveError`).
 
 Example:
     >>> call_with_timeout(lambda: None, timeout_s=None, message="unused")
@@ -31,8 +31,8 @@ import threading
 import time
 from typing import Any, NamedTuple
 
+from composerjax.checkpoint.checks import CheckpointSaveError, SaveFolderInUseError, first_line
 from composerjax.parallel import dist
-from composerjax.trainer.checkpoint_checks import CheckpointSaveError, SaveFolderInUseError, first_line
 
 __all__ = ["NAME_FIELDS", "OWNER_FILE", "REPLACED", "SWITCH_INTERVAL", "CheckpointInfo", "OwnerLock", "SwitchInterval",
            "call_with_timeout", "check_template", "format_name", "list_checkpoints", "point_latest", "read_info",

@@ -6,7 +6,7 @@ timestamp, data position and ``rng``; arrays not read yet are :class:`SavedArray
 :func:`plan_arrays` matches what is left with the run's arrays (every difference listed before
 anything is read), and :func:`load_into` reads what the plan keeps, checks it against the saved
 checksums and only then changes the run's state. The run keeps its own values for everything left
-out. :class:`~composerjax.trainer.checkpoint.Checkpointer` ``.restore`` calls it.
+out. :class:`~composerjax.checkpoint.checkpointer.Checkpointer` ``.restore`` calls it.
 
 Example:
     >>> LoadOptions(ignore_keys=["state/optimizers/*"], exclude_algorithms=["EMA"]).excludes("EMA#1")
@@ -27,8 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
-from composerjax.parallel.sharding import path_of
-from composerjax.trainer.checkpoint_checks import (
+from composerjax.checkpoint.checks import (
     CheckpointCorruptError,
     CheckpointMismatchError,
     checksums,
@@ -37,7 +36,8 @@ from composerjax.trainer.checkpoint_checks import (
     is_array,
     structure_problem,
 )
-from composerjax.trainer.checkpoint_writer import CheckpointInfo
+from composerjax.checkpoint.writer import CheckpointInfo
+from composerjax.parallel.sharding import path_of
 
 __all__ = ["ArrayPlan", "LoadOptions", "SavedArray", "build_view", "glob_filter", "load_into", "lookup", "plan_arrays",
            "view_path"]
