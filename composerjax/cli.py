@@ -162,7 +162,8 @@ def train_command(args: argparse.Namespace) -> int:
     import time
 
     from composerjax.cli_generate import write_run_recipe
-    from composerjax.trainer.config import ConfigError, build_trainer
+    from composerjax.trainer import build_trainer
+    from composerjax.trainer.config import ConfigError
     from composerjax.trainer.interrupt import BatchError
 
     config = _load_recipe(args)

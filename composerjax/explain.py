@@ -104,7 +104,8 @@ def explain(target: Any) -> Explanation:
         surgeons = {t.name for t in target.engine.trace_log if t.event is Event.INIT}
         others = [a for a in target.state.algorithms if type(a).__name__ not in surgeons]
         return _walk(target, _missing_modules(others, target.state._model))
-    from composerjax.trainer.config import TrainerConfig, _instantiate, build_trainer, load_config
+    from composerjax.trainer import build_trainer
+    from composerjax.trainer.config import TrainerConfig, _instantiate, load_config
 
     config = target if isinstance(target, TrainerConfig) else load_config(target)
     conflicts = _missing_modules(_algorithm_classes(config), _instantiate("models", config.model))

@@ -21,7 +21,8 @@ from composerjax.data.tokenizer import decode, eos_id, load_tokenizer
 from composerjax.models import generation
 from composerjax.models.factories import gpt2
 from composerjax.models.generation import generate
-from composerjax.trainer.config import build_trainer, load_config
+from composerjax.trainer import build_trainer
+from composerjax.trainer.config import load_config
 
 MODEL = {"name": "gpt2", "config": "gpt2-tiny", "vocab_size": 300, "n_positions": 64, "n_embd": 32, "n_layer": 1,
          "n_head": 2}

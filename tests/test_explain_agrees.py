@@ -17,7 +17,8 @@ from composerjax.core import Algorithm, Event
 from composerjax.data import ArrayLoader
 from composerjax.explain import explain
 from composerjax.loggers import InMemoryLogger
-from composerjax.trainer.config import build_trainer, load_config
+from composerjax.trainer import build_trainer
+from composerjax.trainer.config import load_config
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 

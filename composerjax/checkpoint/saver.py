@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Callable
 from typing import Any
 
 from composerjax.checkpoint.checkpointer import Checkpointer, CheckpointSaveError
 from composerjax.checkpoint.load import LoadOptions
+from composerjax.checkpoint.settings import CheckpointSettings, check_keep, save_interval_of
 from composerjax.checkpoint.storage import is_remote, storage_for
 from composerjax.checkpoint.writer import check_template, format_name, read_info, resolve_pointer
 from composerjax.console import print_error
@@ -90,10 +92,7 @@ class CheckpointSaver(Callback):
                  upload_timeout_in_seconds: int = 3600) -> None:
         if not isinstance(folder, (str, os.PathLike)):
             raise ValueError(f"save_folder={folder!r}: expected a folder path (str) or None")
-        if isinstance(num_checkpoints_to_keep, bool) or not isinstance(num_checkpoints_to_keep, int) or (
-                num_checkpoints_to_keep < 1 and num_checkpoints_to_keep != -1):
-            raise ValueError(f"save_num_checkpoints_to_keep={num_checkpoints_to_keep!r}: expected a positive "
-                             "integer, or -1 to keep all")
+        check_keep(num_checkpoints_to_keep)
         for flag, value in (("save_weights_only", weights_only), ("save_overwrite", overwrite)):
             if not isinstance(value, bool):
                 raise ValueError(f"{flag}={value!r}: expected True or False")
@@ -107,7 +106,7 @@ class CheckpointSaver(Callback):
                 raise ValueError(f"CheckpointSaver({name}={value!r}): expected a positive integer")
         self.folder = os.fspath(folder)
         storage_for(self.folder, "save_folder")  # an unsupported URI scheme fails here, not at the first save
-        self.save_interval = _save_interval(save_interval)
+        self.save_interval = save_interval_of(save_interval)
         self.num_checkpoints_to_keep = num_checkpoints_to_keep
         self.weights_only = weights_only
         self.overwrite = overwrite
@@ -127,36 +126,36 @@ class CheckpointSaver(Callback):
         self._handed_over: str | None = None
         self._saved_at: dict[str, Timestamp] = {}  # each save's clock, for its remote name
 
-    def attach_trainer(self, trainer: Any) -> None:
-        """Open the folder for ``trainer``'s run (it holds the folder's owner lock from now on)."""
+    def open(self, timestamp: Timestamp, run_name: str, hparams: Callable[[], dict[str, Any]]) -> None:
+        """Open the folder for the run ``run_name`` (it holds the folder's owner lock from now on).
+
+        ``hparams`` gives the run's settings, saved with every checkpoint.
+        """
         keep = None if self.num_checkpoints_to_keep == -1 else self.num_checkpoints_to_keep
         if "{" in self.folder:  # Composer's '{run_name}/checkpoints'
-            self.folder = format_name(self.folder, trainer.state.timestamp, trainer.state.run_name, "save_folder",
-                                      path=True)
+            self.folder = format_name(self.folder, timestamp, run_name, "save_folder", path=True)
         self.checkpointer = Checkpointer(self.folder, self.save_interval, keep, self.weights_only,
-                                         owner=trainer.state.run_name, overwrite=self.overwrite,
+                                         owner=run_name, overwrite=self.overwrite,
                                          filename=self.filename, latest_filename=self.latest_filename)
-        self._hparams = lambda: trainer.hparams
+        self._hparams = hparams
 
     @classmethod
-    def from_arguments(cls, arguments: dict[str, Any]) -> CheckpointSaver:
-        """The saver ``Trainer(save_folder=..., save_*=...)`` asks for, from ``trainer.arguments``.
+    def from_settings(cls, settings: CheckpointSettings) -> CheckpointSaver:
+        """The saver ``Trainer(save_folder=..., save_*=...)`` asks for, from its checkpoint section.
 
         Example::
 
-            CheckpointSaver.from_arguments({"save_folder": "runs/x/checkpoints", "save_interval": "100ba"})
+            CheckpointSaver.from_settings(CheckpointSettings(save_folder="runs/x/checkpoints", save_interval="100ba"))
         """
-        return cls(arguments["save_folder"], filename=arguments.get("save_filename", DEFAULT_FILENAME),
-                   latest_filename=arguments.get("save_latest_filename", DEFAULT_LATEST),
-                   save_interval=arguments.get("save_interval", "1ep"),
-                   num_checkpoints_to_keep=arguments.get("save_num_checkpoints_to_keep", -1),
-                   weights_only=arguments.get("save_weights_only", False),
-                   overwrite=arguments.get("save_overwrite", False))
+        return cls(settings.save_folder or "{run_name}/checkpoints", filename=settings.save_filename,
+                   latest_filename=settings.save_latest_filename, save_interval=settings.save_interval,
+                   num_checkpoints_to_keep=settings.save_num_checkpoints_to_keep,
+                   weights_only=settings.save_weights_only, overwrite=settings.save_overwrite)
 
     def save(self, state: State) -> str:
         """Start a save of ``state`` now (async); return the checkpoint's folder."""
         if self.checkpointer is None:
-            raise RuntimeError("CheckpointSaver.save(): not attached to a Trainer yet")
+            raise RuntimeError("CheckpointSaver.save(): not opened by a Trainer yet")
         path = self.checkpointer.save(state, self._hparams())
         recent = [(p, t) for p, t in self._saved_at.items() if p != path][-3:]
         self._saved_at = dict([*recent, (path, state.timestamp)])
@@ -256,19 +255,6 @@ class CheckpointSaver(Callback):
             self.checkpointer.close()
 
 
-def _save_interval(value: Time | str | int) -> Time:
-    if isinstance(value, bool):
-        raise ValueError(f"save_interval={value!r}: expected a positive number of epochs or batches, e.g. '1ep'")
-    try:
-        interval = value if isinstance(value, Time) else Time.from_input(value, TimeUnit.EPOCH)
-    except ValueError as error:
-        raise ValueError(f"save_interval={value!r}: {error}") from error
-    if interval.unit not in (TimeUnit.EPOCH, TimeUnit.BATCH) or interval.value < 1:
-        raise ValueError(f"save_interval={value!r}: expected a positive number of epochs or batches, e.g. "
-                         "'1ep' or '500ba'")
-    return interval
-
-
 def refuse_old_checkpoints(checkpointer: Checkpointer) -> None:
     """A new run may not write into a folder that holds another run's checkpoints (nothing lost, nothing mixed)."""
     names = [info.name for info in checkpointer.checkpoints()]
@@ -302,43 +288,41 @@ def checkpoint_location(path: str) -> tuple[str, str | None]:
     return path, None
 
 
-def load_at_start(trainer: Any, report: Any = None) -> int | None:
-    """Load what ``trainer.arguments`` ask for, after INIT; return the batch loaded (None: nothing loaded).
+def load_at_start(settings: CheckpointSettings, checkpointer: Checkpointer | None, state: State,
+                  report: Callable[[str], None] | None = None) -> int | None:
+    """Load what the checkpoint section asks for, after INIT; return the batch loaded (None: nothing loaded).
 
-    With ``autoresume`` and a checkpoint in ``save_folder``: the newest one (by recorded clock) that
-    reads back intact, in full; the ``load_*`` options then do not apply, except
-    ``load_strict_model_weights`` (as in Composer). Else ``load_path`` (a save folder: its newest
-    checkpoint; or one checkpoint's folder, or a ``latest`` link; local or ``s3://``/``gs://``) with
-    ``load_weights_only``, ``load_strict_model_weights``, ``load_ignore_keys`` and ``load_exclude_algorithms``.
+    With ``autoresume`` and a checkpoint in ``save_folder`` (``checkpointer``'s folder): the newest
+    one (by recorded clock) that reads back intact, in full; the ``load_*`` options then do not
+    apply, except ``load_strict_model_weights`` (as in Composer). Else ``load_path`` (a save folder:
+    its newest checkpoint; or one checkpoint's folder, or a ``latest`` link; local or
+    ``s3://``/``gs://``) with ``load_weights_only``, ``load_strict_model_weights``,
+    ``load_ignore_keys`` and ``load_exclude_algorithms``.
 
     Raises:
         FileNotFoundError, CheckpointMismatchError, CheckpointCorruptError: see ``Checkpointer.restore``.
 
     Example::
 
-        self.resumed_from = load_at_start(self, report=_print_error)   # in Trainer.__init__
+        self.resumed_from = load_at_start(settings.checkpoint, self.checkpointer, state, report=print_error)
     """
-    arguments = trainer.arguments
-    strict = arguments.get("load_strict_model_weights", True)
-    checkpointer = trainer.checkpointer
-    if arguments.get("autoresume") and checkpointer is not None and checkpointer.checkpoints():
-        batch = checkpointer.restore_newest_valid(trainer.state, "save_folder", report=report,
+    strict = settings.load_strict_model_weights
+    if settings.autoresume and checkpointer is not None and checkpointer.checkpoints():
+        batch = checkpointer.restore_newest_valid(state, "save_folder", report=report,
                                                   options=LoadOptions(strict_model_weights=strict))
-        return resumed(trainer.state, checkpointer, batch, "autoresume")
-    load_path = arguments.get("load_path")
-    if load_path is None:
+        return resumed(state, checkpointer, batch, "autoresume")
+    if settings.load_path is None:
         return None
-    options = LoadOptions(weights_only=arguments.get("load_weights_only", False), strict_model_weights=strict,
-                          ignore_keys=arguments.get("load_ignore_keys"),
-                          exclude_algorithms=arguments.get("load_exclude_algorithms"))
-    folder, name = checkpoint_location(os.fspath(load_path))
+    options = LoadOptions(weights_only=settings.load_weights_only, strict_model_weights=strict,
+                          ignore_keys=settings.load_ignore_keys, exclude_algorithms=settings.load_exclude_algorithms)
+    folder, name = checkpoint_location(os.fspath(settings.load_path))
     loader = Checkpointer(folder, async_save=False)
     try:
         if name is None:
-            batch = loader.restore_newest_valid(trainer.state, "load_path", report=report, options=options)
+            batch = loader.restore_newest_valid(state, "load_path", report=report, options=options)
         else:
-            batch = loader.restore(trainer.state, name, field="load_path", options=options)
-        return batch if options.weights_only else resumed(trainer.state, loader, batch, "load_path")
+            batch = loader.restore(state, name, field="load_path", options=options)
+        return batch if options.weights_only else resumed(state, loader, batch, "load_path")
     finally:
         loader.close()
 
@@ -377,7 +361,8 @@ def resumed(state: State, checkpointer: Checkpointer, batch: int, how: str) -> i
     return batch
 
 
-def save_now(trainer: Any, name: str = DEFAULT_FILENAME, weights_only: bool = False) -> str:
+def save_now(checkpointer: Checkpointer | None, state: State, hparams: dict[str, Any],
+             name: str = DEFAULT_FILENAME, weights_only: bool = False) -> str:
     """``Trainer.save_checkpoint``: save now into ``save_folder``, wait until it is on disk and verified; its folder.
 
     ``name`` is a template like ``save_filename``. A checkpoint of that name already there is
@@ -390,11 +375,10 @@ def save_now(trainer: Any, name: str = DEFAULT_FILENAME, weights_only: bool = Fa
 
     Example::
 
-        path = trainer.save_checkpoint("final")   # 'runs/x/checkpoints/final'
+        path = save_now(trainer.checkpointer, trainer.state, trainer.hparams, "final")  # 'runs/x/checkpoints/final'
     """
-    checkpointer = trainer.checkpointer
     if checkpointer is None:
         raise ValueError("save_checkpoint(): Trainer(save_folder=None); pass a save_folder to save")
-    path = checkpointer.save(trainer.state, trainer.hparams, name=name, weights_only=weights_only, rotate=False)
+    path = checkpointer.save(state, hparams, name=name, weights_only=weights_only, rotate=False)
     checkpointer.wait()
     return path

@@ -147,6 +147,11 @@ class DevicePrefetcher:
             return None
 
     @property
+    def decided(self) -> bool:
+        """Whether the thread question is settled (given at start, or timed on the first batches)."""
+        return self._decided
+
+    @property
     def inline(self) -> bool:
         """Decided against the thread: the loader's own iterator (``source``) serves the rest of the pass as well."""
         return self._decided and not self.threaded

@@ -2,9 +2,11 @@
 
 from composerjax.checkpoint.checkpointer import Checkpointer, CheckpointMismatchError
 from composerjax.trainer.interrupt import BatchError, TrainingInterrupted
-from composerjax.trainer.trainer import Trainer
+from composerjax.trainer.sections import TrainerSettings
+from composerjax.trainer.trainer import Trainer, build_trainer
 
-__all__ = ["Trainer", "Checkpointer", "CheckpointMismatchError", "BatchError", "TrainingInterrupted", "TrainerConfig",
+__all__ = ["Trainer", "TrainerSettings", "build_trainer",
+           "Checkpointer", "CheckpointMismatchError", "BatchError", "TrainingInterrupted", "TrainerConfig",
            "ConfigError", "load_config"]
 
 

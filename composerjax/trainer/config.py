@@ -19,9 +19,9 @@ mapping with ``name`` (``{name: mixup, alpha: 0.2}``); anything not registered i
 ``__init__`` (see :func:`composerjax.registry.hparams_model`), and :class:`ConfigError` lists every
 problem at once with its field path (``algorithms[2].mixup.alpha``).
 
-The Trainer settings (every field but the sections) are derived from ``Trainer.__init__`` by
-:mod:`composerjax.trainer.settings`; reading files, ``--set`` overrides and the checks beyond field
-types are in :mod:`composerjax.trainer.recipe`.
+The Trainer settings (every field but the sections) are derived from the settings
+sections (:mod:`composerjax.trainer.sections`) by :mod:`composerjax.trainer.settings`; reading
+files, ``--set`` overrides and the checks beyond field types are in :mod:`composerjax.trainer.recipe`.
 """
 
 from __future__ import annotations
@@ -38,9 +38,11 @@ import optax
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 
+from composerjax.core.state import State
 from composerjax.core.time import Time, TimeUnit
 from composerjax.trainer import recipe, settings
 from composerjax.trainer.recipe import OPTIMIZERS, ConfigError
+from composerjax.trainer.sections import TrainerSettings
 
 __all__ = [
     "ComponentSpec",
@@ -48,8 +50,10 @@ __all__ = [
     "OptimizerConfig",
     "ScheduleConfig",
     "TrainerConfig",
-    "build_trainer",
+    "as_config_error",
     "load_config",
+    "recipe_arguments_of",
+    "to_config",
     "OPTIMIZERS",
     "SCHEDULES",
 ]
@@ -170,7 +174,8 @@ class TrainerConfig(_schema()):
             config = None
         problems += recipe.check_components(values)
         problems += recipe.check_times(values)
-        problems += recipe.check_settings(values)
+        refused = {problem.split(":", 1)[0].split("=", 1)[0].split(".", 1)[0].split("[", 1)[0] for problem in problems}
+        problems += recipe.check_settings(values, skip=refused)
         if problems:
             raise ConfigError(problems, source)
         return config
@@ -400,22 +405,19 @@ def _instantiate(kind: str, spec: ComponentSpec, path: str | None = None) -> Any
     return made
 
 
-def build_trainer(config: TrainerConfig | dict[str, Any], *, keep_files: bool = True, **overrides: Any) -> Any:
-    """Build the Trainer a config describes (INIT runs; nothing trains yet).
+def recipe_arguments_of(config: TrainerConfig | dict[str, Any], *, keep_files: bool = True,
+                        **overrides: Any) -> dict[str, Any]:
+    """The Trainer's keyword arguments a config describes: its components built, its settings, then ``overrides``.
 
     With ``keep_files=False`` (``composerjax explain``) data factories are not given the run folder,
-    so nothing is written there (a tokenizer is trained in memory only).
-
-    The trainer keeps the config as ``trainer.config``; ``trainer.to_config()`` rebuilds it from the
-    trainer's own objects.
+    so nothing is written there (a tokenizer is trained in memory only). ``Trainer.from_config``
+    (and :func:`~composerjax.trainer.trainer.build_trainer`) builds the Trainer from them.
 
     Example::
 
-        trainer = build_trainer(load_config("examples/digits_speedup.yaml"))
-        trainer.fit()
+        arguments = recipe_arguments_of(load_config("examples/digits_speedup.yaml"))
+        arguments["max_duration"], type(arguments["model"]).__name__
     """
-    from composerjax.trainer.trainer import Trainer
-
     if not isinstance(config, TrainerConfig):
         config = TrainerConfig.from_dict(config)
     arguments = settings.recipe_to_arguments(config.arguments())  # import paths resolved (validated already)
@@ -433,16 +435,19 @@ def build_trainer(config: TrainerConfig | dict[str, Any], *, keep_files: bool = 
     components = {field: [_instantiate(field, spec, f"{field}[{index}]") for index, spec in enumerate(specs)]
                   for field, specs in (("algorithms", config.algorithms), ("callbacks", config.callbacks),
                                        ("loggers", config.loggers)) if field not in overrides}
-    try:
-        trainer = Trainer(model, train, optimizers=optimizer, eval_dataloader=evaluation, **components, **arguments)
-    except (ValueError, FileNotFoundError) as error:
-        # The Trainer's argument checks say 'field=value: ...' or 'field: ...': for a recipe field that
-        # is a recipe problem (exit status 2 on the command line), not a failure.
-        if isinstance(error, ConfigError) or not _names_a_setting(str(error)):
-            raise
-        raise ConfigError([str(error)]) from None
-    trainer.config = config
-    return trainer
+    return {"model": model, "train_dataloader": train, "optimizers": optimizer, "eval_dataloader": evaluation,
+            **components, **arguments}
+
+
+def as_config_error(error: Exception) -> Exception:
+    """A Trainer check's error as a recipe problem: ``ConfigError`` when it names a recipe field, else itself.
+
+    The Trainer's argument checks say ``'field=value: ...'`` or ``'field: ...'``: for a recipe field
+    that is a recipe problem (exit status 2 on the command line), not a failure.
+    """
+    if isinstance(error, ConfigError) or not _names_a_setting(str(error)):
+        return error
+    return ConfigError([str(error)])
 
 
 def _with_run_dir(spec: ComponentSpec, arguments: dict[str, Any]) -> ComponentSpec:
@@ -525,13 +530,13 @@ def _check_run_length(config: TrainerConfig, arguments: dict[str, Any], steps_pe
         raise ConfigError([str(error)]) from None
 
 
-def trainer_to_config(trainer: Any) -> TrainerConfig:
+def to_config(trainer_settings: TrainerSettings, state: State, microbatch_size: int | None) -> TrainerConfig:
     """The config of a trainer: every setting it was given and the hyperparameters its components hold now.
 
-    Settings come from ``trainer.arguments`` (what the Trainer was called with, overrides to
-    :func:`build_trainer` included), written the way a recipe spells them (functions as their
+    Settings come from ``trainer_settings`` (what the Trainer was called with, overrides to
+    ``build_trainer`` included), written the way a recipe spells them (functions as their
     import paths); ``max_duration``, ``run_name``, ``precision`` and a microbatch size chosen by
-    ``'auto'`` are read from the trainer as they are now. Algorithms, callbacks and loggers are read
+    ``'auto'`` are read from the run as they are now. Algorithms, callbacks and loggers are read
     back from the given objects (registry name and the attributes their ``__init__`` arguments are
     stored in); model, data, optimizer and schedule come from the config the trainer was built from.
 
@@ -541,16 +546,16 @@ def trainer_to_config(trainer: Any) -> TrainerConfig:
 
     Example::
 
-        config = trainer_to_config(build_trainer(load_config("examples/digits_speedup.yaml")))
+        config = build_trainer(load_config("examples/digits_speedup.yaml")).to_config()
     """
     from composerjax import registry
 
-    base = getattr(trainer, "config", None)
+    base = trainer_settings.run.config
     if base is None:
         raise ValueError("to_config(): this Trainer was not built from a TrainerConfig (use build_trainer); its "
                          "model, data and optimizer have no names to write down")
     values = base.to_dict()
-    arguments = trainer.arguments
+    arguments = trainer_settings.arguments()
     values.update(settings.arguments_to_recipe(arguments, values))
     for field in ("algorithms", "callbacks", "loggers"):
         specs = []
@@ -566,10 +571,9 @@ def trainer_to_config(trainer: Any) -> TrainerConfig:
             hparams = {key: settings.plain(getattr(obj, key)) for key in fields if hasattr(obj, key)}
             specs.append({"name": name, **hparams})
         values[field] = specs
-    state = trainer.state
     values["max_duration"] = None if state.max_duration is None else str(state.max_duration)
     values["precision"] = state.precision
     values["run_name"] = state.run_name
-    if trainer.microbatch_size is not None:  # the size 'auto' chose, once it has
-        values["device_train_microbatch_size"] = trainer.microbatch_size
+    if microbatch_size is not None:  # the size 'auto' chose, once it has
+        values["device_train_microbatch_size"] = microbatch_size
     return TrainerConfig.from_dict(values)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from composerjax.core.callback import Callback
@@ -48,13 +49,13 @@ class EvalRunner(Callback):
             self.eval_interval = evaluate_periodically(eval_interval)
         self.evaluators: list[Evaluator] = ensure_evaluators(dataloader) if dataloader is not None else []
         self._own = dataloader is not None
-        self._trainer: Any = None
+        self._evaluate: Callable[[Sequence[Evaluator]], None] | None = None
 
-    def attach_trainer(self, trainer: Any) -> None:
-        """Evaluate through ``trainer``, on its evaluators unless this runner was given its own."""
-        self._trainer = trainer
+    def bind(self, evaluate: Callable[[Sequence[Evaluator]], None], evaluators: list[Evaluator]) -> None:
+        """Evaluate through ``evaluate`` (the trainer's), on ``evaluators`` unless this runner was given its own."""
+        self._evaluate = evaluate
         if not self._own:
-            self.evaluators = trainer.state.evaluators
+            self.evaluators = evaluators
 
     def _rule(self, evaluator: Evaluator) -> Any:
         return evaluator.eval_interval if evaluator.eval_interval is not None else self.eval_interval
@@ -82,7 +83,9 @@ class EvalRunner(Callback):
         executing = [evaluator for evaluator in self.evaluators if self._rule(evaluator)(state, event)]
         if not executing:
             return False
-        self._trainer._eval_during_fit(executing)
+        if self._evaluate is None:
+            raise RuntimeError("EvalRunner: not bound to a Trainer (pass it in Trainer(callbacks=[...]))")
+        self._evaluate(executing)
         return True
 
     def batch_end(self, state: State, logger: Any) -> bool:

@@ -7,37 +7,53 @@ starts; one that cannot apply to a compiled run (a different precision) is refus
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
-from composerjax.core.evaluator import ensure_evaluators
+from composerjax.core.evaluator import Evaluator, ensure_evaluators
+from composerjax.core.logger import Logger
+from composerjax.core.state import State
 from composerjax.core.time import Time, Timestamp, TimeUnit
 from composerjax.data.array_loader import as_batch_iterable
+from composerjax.step.runner import StepRunner
 from composerjax.step.summary import format_summary, parameter_summary
+from composerjax.trainer.sections import TrainerSettings, check_subset
 from composerjax.trainer.validation import loader_length, to_time
 
-__all__ = ["apply_fit_arguments", "apply_schedulers", "log_run_summary", "set_evaluators"]
+__all__ = ["Scheduling", "apply_fit_arguments", "apply_schedulers", "log_run_summary", "set_evaluators"]
 
 
-def set_evaluators(trainer: Any, eval_dataloader: Any, eval_interval: Any, subset_num_batches: int,
+@dataclass
+class Scheduling:
+    """The optimizer before any schedule was compiled into it, and the Composer schedulers that were.
+
+    Example: ``trainer.scheduling.schedulers`` lists the schedulers of the run (empty without).
+    """
+
+    base: Any = None
+    schedulers: list[Any] = field(default_factory=list)
+
+
+def set_evaluators(state: State, evaluate: Callable[[Sequence[Evaluator]], None], eval_dataloader: Any,
+                   eval_interval: Any, subset_num_batches: int, *, counts_tokens: bool,
                    field: str = "eval_dataloader", replace_interval: bool = False) -> None:
     """Normalise ``eval_dataloader`` into ``state.evaluators`` and make sure an EvalRunner runs them.
 
     Each evaluator keeps its own ``eval_interval`` and ``subset_num_batches``; the others take
     ``eval_interval`` (default 1 epoch) and ``subset_num_batches``. An EvalRunner the user passed
-    keeps its interval unless ``replace_interval`` (``fit(eval_interval=...)``).
+    keeps its interval unless ``replace_interval`` (``fit(eval_interval=...)``). The runner
+    evaluates through ``evaluate`` (the trainer's, between the EVAL_BEFORE_ALL/EVAL_AFTER_ALL events).
 
     Raises:
         ValueError: a bad loader, label, interval or batch count, naming the argument.
     """
     from composerjax.trainer.eval_runner import EvalRunner
 
-    if isinstance(subset_num_batches, bool) or not isinstance(subset_num_batches, int) or (
-            subset_num_batches == 0 or subset_num_batches < -1):
-        raise ValueError(f"eval_subset_num_batches={subset_num_batches!r}: expected a positive number of batches "
-                         "or -1 (every batch)")
+    check_subset(subset_num_batches)
     evaluators = ensure_evaluators(eval_dataloader, field)
     for evaluator in evaluators:
         evaluator.dataloader = as_batch_iterable(evaluator.dataloader)
@@ -46,10 +62,9 @@ def set_evaluators(trainer: Any, eval_dataloader: Any, eval_interval: Any, subse
     interval = 1 if eval_interval is None else eval_interval
     if isinstance(interval, (str, Time)) or not callable(interval):
         time = to_time(interval, "eval_interval")
-        if time is not None and time.unit == TimeUnit.TOKEN and trainer.tokens_per_batch is None:
+        if time is not None and time.unit == TimeUnit.TOKEN and not counts_tokens:
             raise ValueError(f"eval_interval={interval!r}: 'tok' intervals need Trainer(tokens_per_batch=...), "
                              "else no token is counted and it never evaluates")
-    state = trainer.state
     state.evaluators = evaluators
     callbacks = state.callbacks
     runner = next((c for c in callbacks if isinstance(c, EvalRunner)), None)
@@ -61,15 +76,14 @@ def set_evaluators(trainer: Any, eval_dataloader: Any, eval_interval: Any, subse
         at = next((i for i, c in enumerate(callbacks) if type(c).__name__ in ("TimeLimit", "SignalHandler")),
                   len(callbacks))
         callbacks.insert(at, runner)
-        runner.attach_trainer(trainer)
-    else:
-        if replace_interval and eval_interval is not None:
-            runner.eval_interval = EvalRunner(interval).eval_interval
-        runner.attach_trainer(trainer)
+    elif replace_interval and eval_interval is not None:
+        runner.eval_interval = EvalRunner(interval).eval_interval
+    runner.bind(evaluate, state.evaluators)
 
 
-def apply_schedulers(trainer: Any, schedulers: Any, scale_schedule_ratio: float,
-                     step_schedulers_every_batch: bool | None, in_fit: bool = False) -> None:
+def apply_schedulers(state: State, runner: StepRunner | None, scheduling: Scheduling, schedulers: Any,
+                     scale_schedule_ratio: float, step_schedulers_every_batch: bool | None,
+                     in_fit: bool = False) -> None:
     """Compile Composer schedulers into the optimizer (``with_schedule``), scaling the run by ``scale_schedule_ratio``.
 
     In ``Trainer(...)`` it runs after INIT, before the optimizer state is built. In ``fit`` new
@@ -94,13 +108,11 @@ def apply_schedulers(trainer: Any, schedulers: Any, scale_schedule_ratio: float,
             raise ValueError(f"{where}scale_schedule_ratio={scale_schedule_ratio}): specifying scale_schedule_ratio "
                              "without schedulers has no effect (Composer's rule); pass schedulers=[...]")
         return
-    state = trainer.state
     if state.max_duration is None:
         raise ValueError(f"{where}schedulers=...): schedulers need max_duration (their times are fractions or "
                          "counts of the run); pass max_duration")
-    runner = getattr(trainer, "runner", None)
     built = runner is not None and getattr(runner, "builder", None) is not None
-    base = getattr(trainer, "_unscheduled_optimizer", None)
+    base = scheduling.base
     rescheduling = base is not None  # the optimizer state already has the schedule's structure
     if built and not rescheduling and int(state.timestamp.batch) > 0:
         raise ValueError(f"fit(schedulers=...): this Trainer was built without schedulers and has trained "
@@ -113,23 +125,24 @@ def apply_schedulers(trainer: Any, schedulers: Any, scale_schedule_ratio: float,
     context = ScheduleContext.from_state(state, samples_per_step=samples, scale_schedule_ratio=scale_schedule_ratio)
     multiplier = compile_schedulers(schedulers, context, step_schedulers_every_batch)
     if base is None:
-        base = trainer._unscheduled_optimizer = state.optimizer
+        base = scheduling.base = state.optimizer
     state.optimizer = with_schedule(base, multiplier)
-    trainer.schedulers = list(schedulers) if isinstance(schedulers, (list, tuple)) else [schedulers]
+    scheduling.schedulers = list(schedulers) if isinstance(schedulers, (list, tuple)) else [schedulers]
     if built:
         runner.replace_optimizer(state.optimizer, keep_state=rescheduling)
 
 
-def apply_fit_arguments(trainer: Any, duration: Any, train_dataloader: Any, reset_time: bool, schedulers: Any,
-                        scale_schedule_ratio: float, step_schedulers_every_batch: bool | None,
-                        eval_dataloader: Any, eval_subset_num_batches: int, eval_interval: Any,
-                        device_train_microbatch_size: Any, precision: str | None) -> None:
-    """Apply ``Trainer.fit``'s arguments to the trainer before its loop runs (Composer's meanings).
+def apply_fit_arguments(state: State, runner: StepRunner, scheduling: Scheduling, duration: Any,
+                        train_dataloader: Any, reset_time: bool, schedulers: Any, scale_schedule_ratio: float,
+                        step_schedulers_every_batch: bool | None, device_train_microbatch_size: Any,
+                        precision: str | None) -> None:
+    """Apply ``Trainer.fit``'s run arguments to the state and the step runner (Composer's meanings).
+
+    The evaluation arguments go to :func:`set_evaluators`.
 
     Raises:
         ValueError: an argument that cannot apply, naming it, the value and what is accepted.
     """
-    state, runner = trainer.state, trainer.runner
     if precision is not None and precision != state.precision:
         raise ValueError(f"fit(precision={precision!r}): the precision is compiled into the train step when the "
                          f"Trainer is built (precision={state.precision!r}); pass precision= to Trainer(...)")
@@ -163,34 +176,31 @@ def apply_fit_arguments(trainer: Any, duration: Any, train_dataloader: Any, rese
                          "per iteration, e.g. trainer.state.iteration_length = '2ep'); without it the whole run is "
                          "one iteration")
     if schedulers is not None or scale_schedule_ratio != 1.0 or step_schedulers_every_batch is not None:
-        apply_schedulers(trainer, schedulers, scale_schedule_ratio, step_schedulers_every_batch, in_fit=True)
-    if eval_dataloader is not None or eval_interval is not None:
-        given = eval_dataloader if eval_dataloader is not None else (list(state.evaluators) or None)
-        set_evaluators(trainer, given, eval_interval, eval_subset_num_batches, replace_interval=True)
-    trainer.nonfinite_loss.start_fit()  # the batches before this fit (or before reset_time) are not its to check
+        apply_schedulers(state, runner, scheduling, schedulers, scale_schedule_ratio, step_schedulers_every_batch,
+                         in_fit=True)
 
 
-def log_run_summary(trainer: Any) -> None:
+def log_run_summary(settings: TrainerSettings, state: State, logger: Logger, mesh: jax.sharding.Mesh,
+                    compilation_cache_dir: str | None, blocked_by: list[str], hparams: dict[str, Any]) -> None:
     """Log and print the run summary (and with ``auto_log_hparams`` the hparams) once, before the first FIT_START."""
-    state = trainer.state
     state.run_summary = summary = {
         "run_name": state.run_name,
         **parameter_summary(state.train_state.params),
-        "devices": int(trainer.mesh.devices.size),
+        "devices": int(mesh.devices.size),
         "platform": jax.devices()[0].platform,
         "precision": state.precision,
         "algorithms": [type(a).__name__ for a in state.algorithms],
         "flops_per_step": None,
     }
-    if trainer.compilation_cache_dir is not None:
-        summary["compilation_cache"] = {"folder": trainer.compilation_cache_dir, "steps_loaded": 0,
-                                        "steps_compiled": 0}
-    if trainer.steps_per_call == "auto" or trainer.steps_per_call > 1:
-        summary.update(steps_per_call=trainer.steps_per_call, grouping_blocked_by=trainer.grouping_blocked_by)
-    if trainer.auto_log_hparams:
-        trainer.logger.log_hyperparameters(trainer.hparams)
-    if trainer.run_summary:
-        trainer.logger.log_hyperparameters({f"run_summary/{k}": v for k, v in summary.items()})
+    if compilation_cache_dir is not None:
+        summary["compilation_cache"] = {"folder": compilation_cache_dir, "steps_loaded": 0, "steps_compiled": 0}
+    steps_per_call = settings.step.steps_per_call
+    if steps_per_call == "auto" or steps_per_call > 1:
+        summary.update(steps_per_call=steps_per_call, grouping_blocked_by=blocked_by)
+    if settings.run.auto_log_hparams:
+        logger.log_hyperparameters(hparams)
+    if settings.run.run_summary:
+        logger.log_hyperparameters({f"run_summary/{k}": v for k, v in summary.items()})
         from tqdm import tqdm
 
         tqdm.write(format_summary(summary))  # above any active progress bar

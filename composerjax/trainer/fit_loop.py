@@ -10,14 +10,20 @@ import jax
 import numpy as np
 
 from composerjax.core.callback import overridden_events
+from composerjax.core.engine import Engine
 from composerjax.core.event import Event
 from composerjax.core.lifecycle import BATCH, BATCH_HOST_EVENTS, FETCH, STEP
+from composerjax.core.logger import Logger
+from composerjax.core.state import State
 from composerjax.core.time import TimeUnit
 from composerjax.core.timestamp import UNIT_FIELDS
 from composerjax.data.prefetch import DevicePrefetcher
 from composerjax.parallel.heartbeat import heartbeat
-from composerjax.step.runner import batch_size_of
-from composerjax.trainer.interrupt import StopDecision
+from composerjax.step.runner import StepRunner, batch_size_of
+from composerjax.trainer.auto_grouping import AutoStepsPerCall
+from composerjax.trainer.interrupt import StopControl, StopDecision
+from composerjax.trainer.nonfinite_loss import NonFiniteLoss
+from composerjax.trainer.sections import StepSettings
 from composerjax.trainer.validation import check_run_length
 
 __all__ = ["FitLoop", "PendingLogs", "COUNTER", "grouping_blocked_by"]
@@ -98,14 +104,18 @@ class FitLoop:
     needs to run between them, and decides, the same way on every process, when to stop.
     """
 
-    def __init__(self, trainer: Any) -> None:
-        self.trainer = trainer
-        self.state, self.engine, self.runner = trainer.state, trainer.engine, trainer.runner
-        self.pending: PendingLogs = trainer.pending_logs
-        self.count_tokens = trainer.tokens_per_batch
-        grouping = trainer.steps_per_call
+    def __init__(self, state: State, engine: Engine, logger: Logger, runner: StepRunner, step: StepSettings, *,
+                 pending: PendingLogs, control: StopControl, nonfinite: NonFiniteLoss, auto: AutoStepsPerCall,
+                 count_tokens: Callable[[Any], int] | None, prefetch_threaded: bool | None, report: bool) -> None:
+        self.state, self.engine, self.logger, self.runner = state, engine, logger, runner
+        self.pending, self.control, self.nonfinite = pending, control, nonfinite
+        self.count_tokens, self.report = count_tokens, report
+        self.device_prefetch = step.device_prefetch
+        #: Whether the prefetch runs in a thread: decided by timing on the first pass, kept for the next fits.
+        self.prefetch_threaded = prefetch_threaded
+        grouping = step.steps_per_call
         # 'auto' decides once per trainer (AutoStepsPerCall); several processes always run per step.
-        self.auto = trainer.auto_grouping if grouping == "auto" and not self.runner.multi_process else None
+        self.auto = auto if grouping == "auto" and not self.runner.multi_process else None
         self.grouping = grouping if isinstance(grouping, int) and grouping > 1 and not self.runner.multi_process else 0
         self.iterator: Any = None
         self._placed: Any = None  # (host batch, the same batch on the devices) from the prefetcher
@@ -156,11 +166,11 @@ class FitLoop:
 
     def start_epoch(self) -> None:
         self.close()
-        trainer, state = self.trainer, self.state
-        if trainer.device_prefetch:
+        state = self.state
+        if self.device_prefetch:
             # The decision to prefetch in a thread is timed on the first pass and kept for the next ones.
-            self.iterator = DevicePrefetcher(state.dataloader, self.runner.place_batch, trainer.device_prefetch,
-                                             start_thread=trainer.prefetch_threaded)
+            self.iterator = DevicePrefetcher(state.dataloader, self.runner.place_batch, self.device_prefetch,
+                                             start_thread=self.prefetch_threaded)
             state.dataloader_position = self.iterator.position
         else:
             self.iterator = iter(state.dataloader)
@@ -169,7 +179,7 @@ class FitLoop:
         """Stop prefetching: the loader goes back right after the last batch taken (a new pass, fit end, error)."""
         iterator, state = self.iterator, self.state
         if isinstance(iterator, DevicePrefetcher):
-            self.trainer.prefetch_threaded = iterator.threaded if iterator._decided else None
+            self.prefetch_threaded = iterator.threaded if iterator.decided else None
             iterator.close()
             state.dataloader_position = None
         self.iterator, self._placed = None, None
@@ -185,7 +195,7 @@ class FitLoop:
     def end_fit(self) -> None:
         self.close()
         self.pending.flush()
-        self.trainer.nonfinite_loss.end_fit(self.runner.skipped_updates)  # fetches the last loss only if unlogged
+        self.nonfinite.end_fit(self.runner.skipped_updates)  # fetches the last loss only if unlogged
         self.stop()  # a signal that came during the last batch or the flush still counts
         state = self.state
         # The first step donated the arrays the user's module held: give it the trained ones back
@@ -205,7 +215,7 @@ class FitLoop:
             return True
         self.state.batch, self._placed = taken.host, (taken.host, taken.device)
         if iterator.inline:  # decided against the thread: the loader's own iterator from now on, no wrapper
-            self.trainer.prefetch_threaded = False
+            self.prefetch_threaded = False
             self.iterator, self.state.dataloader_position = iterator.source, None
         return True
 
@@ -224,7 +234,7 @@ class FitLoop:
         device = placed[1] if placed is not None and placed[0] is state.batch else None
         self._placed = None
         samples, state.loss, state.step_metrics = self.runner.train_batch(state.batch, device, plan)
-        if self.trainer.logger.destinations:
+        if self.logger.destinations:
             self.pending.add(state.timestamp.counts.batch + 1, state.loss, state.step_metrics)
         state.previous_timestamp = state.timestamp
         state.timestamp = state.timestamp.to_next_batch(samples, tokens, time.perf_counter() - start)
@@ -242,7 +252,7 @@ class FitLoop:
             auto.decline(state, "the step convolves: on CPU a convolution in a loop is slow")
         else:
             auto.decide(state, records[0], self.runner.mesh.devices.flat[0].platform)
-        if self.trainer.run_summary:
+        if self.report:
             self.runner.report(auto.describe())
 
     # -- several batches per call ----------------------------------------------------------------
@@ -274,7 +284,7 @@ class FitLoop:
         return room if self._plain else 0
 
     def _blocking(self) -> list[str]:
-        callbacks, destinations = self.state.callbacks, self.trainer.logger.destinations
+        callbacks, destinations = self.state.callbacks, self.logger.destinations
         key = (id(callbacks), len(callbacks), len(destinations))
         if self._blocked[0] != key:
             self._blocked = (key, grouping_blocked_by(self.engine))
@@ -289,7 +299,7 @@ class FitLoop:
             return 0
         total = state.batches_in_duration()
         room = min(state.dataloader_len - counts.batch_in_epoch, total - counts.batch)
-        for plugin in (*state.callbacks, *self.trainer.logger.destinations):
+        for plugin in (*state.callbacks, *self.logger.destinations):
             due = plugin.next_due(timestamp) if hasattr(plugin, "next_due") else None
             if due is not None:
                 room = min(room, int(due) - counts.batch)
@@ -325,7 +335,7 @@ class FitLoop:
             stacked = jax.tree.map(lambda *leaves: np.stack(leaves), *batches)
         start = time.perf_counter()
         losses, metrics = self.runner.train_group(stacked, count, self._plan)
-        if self.trainer.logger.destinations:
+        if self.logger.destinations:
             self.pending.add(state.timestamp.counts.batch + 1, losses, metrics, count)
         seconds = time.perf_counter() - start
         if batches is None:
@@ -344,14 +354,14 @@ class FitLoop:
 
     def _train_plain(self, count: int) -> bool:
         """``count`` batches one call each, with nothing between them (see :meth:`group`); False if data ran out."""
-        trainer, plan = self.trainer, self._plan
-        request = trainer._stop_request
+        control, plan = self.control, self._plan
+        request = control.request
         for _ in range(count):
             if not self.next_batch():
                 return False
             self.train_step(plan)
             heartbeat()
-            if trainer._stop_request is not request:  # a signal: stop() decides after this batch
+            if control.request is not request:  # a signal: stop() decides after this batch
                 break
         return True
 
@@ -378,13 +388,13 @@ class FitLoop:
         process waits in a collective or a save barrier that another has left.
         """
         heartbeat()  # progress, for `composerjax launch --heartbeat-timeout`
-        trainer = self.trainer
-        if trainer.stop_decision is not None:
+        control = self.control
+        if control.decision is not None:
             return True
         state = self.state
         duration = state.max_duration
         reached = getattr(state.timestamp.counts, COUNTER[duration.unit]) >= duration.value
-        request = trainer._stop_request
+        request = control.request
         signum, time_up = request.signum, request.time_limit
         if self.runner.multi_process:
             from composerjax.parallel import dist
@@ -394,6 +404,6 @@ class FitLoop:
                 state.stop_training()
                 reached = True
         if signum or time_up:
-            trainer.stop_decision = StopDecision(signum=signum, time_limit=bool(time_up))
+            control.decision = StopDecision(signum=signum, time_limit=bool(time_up))
             return True
         return bool(reached)

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 
 from composerjax.step.batch_check import BatchError, describe_batch, diagnose_batch, note_batch
 
-__all__ = ["StopDecision", "TrainingInterrupted", "BatchError", "describe_batch", "diagnose_batch", "note_batch"]
+__all__ = ["StopControl", "StopDecision", "TrainingInterrupted",
+           "BatchError", "describe_batch", "diagnose_batch", "note_batch"]
 
 
 @dataclass(frozen=True)
@@ -21,6 +22,33 @@ class StopDecision:
 
     signum: int = 0
     time_limit: bool = False
+
+
+class StopControl:
+    """The stop requests of a ``fit``: asked for by the stoppers and the trainer, decided by the fit loop.
+
+    ``request`` is replaced (never changed in place) on each ask, so a loop can tell a new request
+    by identity; ``decision`` is what every process agreed on; ``reason`` what ``fit`` reports.
+
+    Example:
+        >>> control = StopControl()
+        >>> control.ask(signum=15); control.ask(time_limit=True); control.request
+        StopDecision(signum=15, time_limit=True)
+    """
+
+    def __init__(self) -> None:
+        self.request = StopDecision()
+        self.decision: StopDecision | None = None
+        self.reason: str | None = None
+
+    def ask(self, signum: int = 0, time_limit: bool = False) -> None:
+        """Ask ``fit`` to stop after this batch or group (a signal's number, or the time limit)."""
+        request = self.request
+        self.request = StopDecision(signum=signum or request.signum, time_limit=time_limit or request.time_limit)
+
+    def reset(self) -> None:
+        """A new ``fit``: no request, no decision, no reason."""
+        self.request, self.decision, self.reason = StopDecision(), None, None
 
 
 class TrainingInterrupted(SystemExit):

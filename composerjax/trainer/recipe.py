@@ -20,7 +20,7 @@ import json
 import math
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import optax
@@ -346,37 +346,34 @@ def _check_optimizer(optimizer: dict[str, Any]) -> list[str]:
     return problems
 
 
-def check_settings(values: Mapping[str, Any]) -> list[str]:
-    """The Trainer's checks of setting values, run at recipe validation so they are listed all at once.
+def check_settings(values: Mapping[str, Any], skip: Collection[str] = ()) -> list[str]:
+    """The sections' own checks of setting values, run at recipe validation so they are listed all at once.
 
-    Only values of the right type are checked here: pydantic reports the others.
+    Each setting field's check (the one the Trainer runs) on the value the recipe gives, once its
+    import path resolves; values of the wrong type (``skip``: the fields pydantic refused) are
+    left to pydantic, and the times to :func:`check_times`.
     """
-    from composerjax.parallel.strategy import resolve_parallelism
-    from composerjax.step.precision import compute_dtype
-    from composerjax.trainer.validation import check_seed
+    from composerjax.trainer.sections import TrainerSettings
 
     problems = []
-    seed = values.get("seed")
-    if isinstance(seed, int):  # bool included: True is not a seed
-        try:
-            check_seed(seed)
-        except ValueError as error:
-            problems.append(str(error))  # 'seed=...: expected ...'
-    keep = values.get("save_num_checkpoints_to_keep")
-    if isinstance(keep, int) and not isinstance(keep, bool) and keep < 1 and keep != -1:
-        problems.append(f"save_num_checkpoints_to_keep: expected a positive integer, or -1 to keep all (got {keep!r})")
-    micro = values.get("device_train_microbatch_size")
-    if (isinstance(micro, int) and not isinstance(micro, bool) and micro < 1) or (
-            isinstance(micro, str) and micro != "auto"):
-        problems.append(f"device_train_microbatch_size: expected a positive integer, 'auto' or null (got {micro!r})")
-    for name, check in (("precision", compute_dtype), ("parallelism", resolve_parallelism)):
-        value = values.get(name)
-        if isinstance(value, str):
-            try:
-                check(value)
-            except ValueError as error:
-                problems.append(str(error))  # 'name=...: expected ...'
+    fields = TrainerSettings.fields()
     for name, form in settings.RECIPE_FORMS.items():  # import paths resolve, a parallelism mapping builds
         if values.get(name) is not None:
             problems += form.check(values[name])
+    arguments = settings.recipe_arguments()
+    for name, value in values.items():
+        if name not in arguments or name in _TIMES or name in skip or value is None:
+            continue
+        check = fields[name][1].metadata["check"]
+        if check is None or any(problem.startswith(name) for problem in problems):
+            continue
+        form = arguments[name].form
+        try:
+            check(form.build(value) if form is not None else value, name)
+        except (ValueError, TypeError) as error:
+            problems.append(str(error))  # 'name=...: expected ...'
     return problems
+
+
+#: Settings whose values are times, checked by :func:`check_times` (with the recipe's own messages).
+_TIMES = frozenset({"max_duration", "eval_interval", "save_interval", "time_limit"})

@@ -1,17 +1,14 @@
-"""A run's settings, declared once: the ``Trainer.__init__`` signature, and what is derived from it.
+"""A run's settings, declared once in the sections, and what is derived from them for recipes.
 
-Every ``Trainer`` argument, with its type hint and default, is the one declaration of a setting.
-From it come the recipe schema (:class:`~composerjax.trainer.config.TrainerConfig`'s setting
-fields, hence ``--set``), the run's ``hparams`` (:func:`hyperparameters`) and
-``trainer.to_config()``. Only the exceptions are written here, each in one table with its reason:
-
-- :data:`RECIPE_SECTIONS`: arguments a recipe builds from its own sections (``model`` from
-  ``model:``, ``optimizers`` from ``optimizer:`` and ``schedule:``, ...);
-- :data:`RECIPE_FORMS`: arguments a recipe spells differently (a function as an import path
-  ``'package.module:attr'``, devices by index, a ParallelismConfig as a mapping);
-- :data:`RECIPE_DEFAULTS`: recipe fields whose default is not the Trainer's;
-- :data:`RECIPE_CONSTRAINTS`: value checks pydantic runs on top of the type;
-- :data:`NOT_IN_RECIPE`: arguments a recipe cannot give.
+Every ``Trainer`` argument is a field of one settings section
+(:mod:`composerjax.trainer.sections`), with its type hint, default, doc and check. From those
+fields come the recipe schema (:class:`~composerjax.trainer.config.TrainerConfig`'s setting fields,
+hence ``--set``), the run's ``hparams`` (:func:`hyperparameters`) and ``trainer.to_config()``. A
+field's ``recipe`` metadata says where a recipe differs: built from its own sections (``model``
+from ``model:``, ``optimizers`` from ``optimizer:`` and ``schedule:``), absent (with the reason), a
+different default or pydantic constraints; :data:`RECIPE_FORMS` spells the types YAML cannot write
+(a function as an import path ``'package.module:attr'``, devices by index, a ParallelismConfig as a
+mapping). The tables below are read from the fields, never written by hand.
 
 Any other argument becomes a recipe field by itself, with the Trainer's default, as long as its
 type hint is made of ``bool``, ``int``, ``float``, ``str``, ``None``, ``Time`` (written as a time
@@ -30,15 +27,17 @@ Example:
 from __future__ import annotations
 
 import collections.abc
+import dataclasses
 import functools
 import inspect
 import os
 import types
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from composerjax.core.settings import REQUIRED
 from composerjax.core.time import Time, TimeUnit
 from composerjax.trainer.recipe_forms import (  # noqa: F401  (re-exported: part of the settings API)
     PARALLELISM_FIELDS,
@@ -47,6 +46,7 @@ from composerjax.trainer.recipe_forms import (  # noqa: F401  (re-exported: part
     reference_of,
     resolve_reference,
 )
+from composerjax.trainer.sections import SECTIONS, TrainerSettings
 
 __all__ = ["NOT_IN_RECIPE", "PARALLELISM_FIELDS", "RECIPE_CONSTRAINTS", "RECIPE_DEFAULTS", "RECIPE_FORMS",
            "RECIPE_SECTIONS", "REQUIRED", "RecipeArgument", "RecipeForm", "arguments_to_recipe", "as_list",
@@ -54,77 +54,65 @@ __all__ = ["NOT_IN_RECIPE", "PARALLELISM_FIELDS", "RECIPE_CONSTRAINTS", "RECIPE_
            "reference_of", "resolve_reference", "schema_problems", "trainer_signature", "versions"]
 
 
-class _Required:
-    """The default of a recipe field that must be given."""
-
-    def __repr__(self) -> str:
-        return "REQUIRED"
-
-
-#: The default of a recipe field that has to be given.
-REQUIRED: Any = _Required()
-
-
-# -- the exceptions: every one in a table, with its reason -----------------------------------------
-#: Trainer arguments a recipe builds from its own sections, and which sections.
-RECIPE_SECTIONS: dict[str, tuple[str, ...]] = {
-    "model": ("model",),
-    "train_dataloader": ("data",),
-    "optimizers": ("optimizer", "schedule"),
-    "algorithms": ("algorithms",),
-    "callbacks": ("callbacks",),
-    "loggers": ("loggers",),
-    "eval_dataloader": ("data",),
-}
-
-#: Trainer arguments a recipe cannot give, and why. Empty: every argument has a recipe form.
-NOT_IN_RECIPE: dict[str, str] = {
-    "schedulers": "Composer scheduler objects exist only in Python; a recipe's `schedule:` section (warmup, then "
-                  "cosine, linear or constant decay) builds the learning-rate schedule into the optimizer",
-}
+def _tables() -> tuple[dict[str, tuple[str, ...]], dict[str, str], dict[str, tuple[Any, str]],
+                       dict[str, dict[str, Any]]]:
+    """RECIPE_SECTIONS, NOT_IN_RECIPE, RECIPE_DEFAULTS and RECIPE_CONSTRAINTS, read from the sections' fields."""
+    sections, absent, defaults, constraints = {}, {}, {}, {}
+    for name, (_, f) in TrainerSettings.fields().items():
+        recipe = f.metadata["recipe"] or ""
+        if recipe.startswith("sections:"):
+            sections[name] = tuple(recipe[len("sections:"):].split(","))
+        elif recipe.startswith("absent:"):
+            absent[name] = recipe[len("absent:"):]
+        if f.metadata["recipe_default"] is not dataclasses.MISSING:
+            defaults[name] = f.metadata["recipe_default"]
+        if f.metadata["constraints"]:
+            constraints[name] = dict(f.metadata["constraints"])
+    return sections, absent, defaults, constraints
 
 
-#: Recipe fields whose default is not the Trainer's, and why.
-RECIPE_DEFAULTS: dict[str, tuple[Any, str]] = {
-    "max_duration": (REQUIRED, "a recipe describes a whole run, so it says how long (fit() takes no duration "
-                               "from the command line)"),
-}
-
-#: Value checks beyond the type (pydantic ``Field`` arguments), reported at validation with the value.
-RECIPE_CONSTRAINTS: dict[str, dict[str, Any]] = {
-    "log_interval": {"ge": 1},
-    "device_memory_budget": {"ge": 1},
-    "steps_per_call": {"ge": 1},
-    "device_prefetch": {"ge": 0},
-}
+#: Trainer arguments a recipe builds from its own sections, and which sections (from the fields' ``recipe``).
+#: Trainer arguments a recipe cannot give, and why; recipe fields whose default is not the Trainer's, and why;
+#: value checks beyond the type (pydantic ``Field`` arguments), reported at validation with the value.
+RECIPE_SECTIONS, NOT_IN_RECIPE, RECIPE_DEFAULTS, RECIPE_CONSTRAINTS = _tables()
 
 
 # -- the declaration -------------------------------------------------------------------------------
 def trainer_signature(init: Callable[..., Any] | None = None) -> inspect.Signature:
-    """The signature that declares the settings: ``Trainer.__init__`` (or ``init``), without ``self``.
+    """The signature that declares the settings: the sections' (the Trainer's), or ``init``'s without ``self``.
 
     Example:
         >>> trainer_signature().parameters["steps_per_call"].default
         'auto'
     """
-    signature = inspect.signature(init if init is not None else _trainer_init())
+    if init is None:
+        return TrainerSettings.signature()
+    signature = inspect.signature(init)
     return signature.replace(parameters=[p for p in signature.parameters.values() if p.name != "self"])
 
 
-def _hints(init: Callable[..., Any]) -> dict[str, Any]:
-    """``init``'s type hints, each evaluated on its own in ``init``'s module.
+def _hints(init: Callable[..., Any] | None = None) -> dict[str, Any]:
+    """The arguments' type hints, each evaluated on its own in the module that declares it.
 
     A hint naming something its module imports only for type checking is left out; that matters
     only for an argument no table lists, and :func:`schema_problems` reports it.
     """
-    namespace = {"Time": Time, "TimeUnit": TimeUnit, "Any": Any, "Literal": typing.Literal,
-                 "Callable": collections.abc.Callable, "Iterable": collections.abc.Iterable,
-                 "Sequence": collections.abc.Sequence, **getattr(inspect.unwrap(init), "__globals__", {})}
+    base = {"Time": Time, "TimeUnit": TimeUnit, "Any": Any, "Literal": typing.Literal,
+            "Callable": collections.abc.Callable, "Iterable": collections.abc.Iterable,
+            "Sequence": collections.abc.Sequence}
+    if init is not None:
+        owners = [(name, annotation, getattr(inspect.unwrap(init), "__globals__", {}))
+                  for name, annotation in getattr(init, "__annotations__", {}).items()]
+    else:
+        import sys
+
+        owners = [(f.name, f.type, vars(sys.modules[kind.__module__]))
+                  for kind in SECTIONS.values() for f in dataclasses.fields(kind)]
     hints = {}
-    for name, annotation in getattr(init, "__annotations__", {}).items():
+    for name, annotation, namespace in owners:
         if isinstance(annotation, str):
             try:
-                annotation = eval(annotation, namespace)  # the Trainer's own annotation (PEP 563 strings)
+                annotation = eval(annotation, {**base, **namespace})  # the declared annotation (PEP 563 strings)
             except Exception:  # a name imported only for type checking: no recipe type
                 continue
         hints[name] = annotation
@@ -203,11 +191,11 @@ def recipe_arguments(init: Callable[..., Any] | None = None) -> dict[str, Recipe
         >>> recipe_arguments()["log_interval"]
         RecipeArgument(name='log_interval', recipe_type=<class 'int'>, default=10, constraints={'ge': 1}, form=None)
     """
-    return dict(_recipe_arguments(init if init is not None else _trainer_init()))
+    return dict(_recipe_arguments(init))
 
 
 @functools.lru_cache(maxsize=8)
-def _recipe_arguments(init: Callable[..., Any]) -> dict[str, RecipeArgument]:
+def _recipe_arguments(init: Callable[..., Any] | None) -> dict[str, RecipeArgument]:
     signature = trainer_signature(init)
     hints = _hints(init)
     out: dict[str, RecipeArgument] = {}
@@ -224,12 +212,6 @@ def _recipe_arguments(init: Callable[..., Any]) -> dict[str, RecipeArgument]:
             default = REQUIRED if parameter.default is inspect.Parameter.empty else plain(parameter.default)
         out[name] = RecipeArgument(name, kind, default, dict(RECIPE_CONSTRAINTS.get(name, {})), form)
     return out
-
-
-def _trainer_init() -> Callable[..., Any]:
-    from composerjax.trainer.trainer import Trainer
-
-    return Trainer.__init__
 
 
 def schema_problems(signature: inspect.Signature, fields: Mapping[str, Any]) -> list[str]:
@@ -312,48 +294,50 @@ def arguments_to_recipe(arguments: Mapping[str, Any], given: Mapping[str, Any]) 
 
 
 # -- hparams ---------------------------------------------------------------------------------------
-def hyperparameters(trainer: Any) -> dict[str, Any]:
+def hyperparameters(settings: TrainerSettings, state: Any, runner: Any, destinations: Sequence[Any],
+                    mesh: Any) -> dict[str, Any]:
     """The run's settings as JSON-able values: saved with every checkpoint and logged at FIT_START.
 
-    Read from ``trainer.arguments`` (what the Trainer was given) and, for what the Trainer resolves
-    (run name, mesh, memory budget, loggers), its state.
+    Read from ``settings`` (what the Trainer was given) and, for what the Trainer resolves (run
+    name, mesh, memory budget, microbatch size, loggers), the state, the step runner and the mesh.
 
     Example::
 
-        trainer.hparams = hyperparameters(trainer)   # in Trainer.__init__, after INIT
+        trainer.hparams = hyperparameters(settings, state, runner, logger.destinations, mesh)   # after INIT
     """
     import jax
 
-    arguments, state = trainer.arguments, trainer.state
-    eval_interval = arguments["eval_interval"]
-    if eval_interval is None and arguments["eval_dataloader"] is not None:
+    run, step, evaluation, checkpoint = settings.run, settings.step, settings.evaluation, settings.checkpoint
+    eval_interval = evaluation.eval_interval
+    if eval_interval is None and evaluation.eval_dataloader is not None:
         eval_interval = "1ep"
-    parallelism = arguments["parallelism"]
-    callbacks = as_list(arguments["callbacks"])  # not the ones the Trainer installs itself
+    parallelism = run.parallelism
+    callbacks = as_list(run.callbacks)  # not the ones the Trainer installs itself
+    time_limit = settings.stopping.time_limit
     return {
         "run_name": state.run_name,
         "max_duration": None if state.max_duration is None else str(state.max_duration),
-        "seed": int(arguments["seed"]),
+        "seed": int(run.seed),
         "precision": state.precision,
         "optimizer": _describe(state.optimizer),
         "algorithms": [{"name": type(a).__name__, "hparams": public_settings(a)} for a in state.algorithms],
         "callbacks": [{"name": type(c).__name__, "hparams": public_settings(c)} for c in callbacks],
-        "loggers": [type(d).__name__ for d in trainer.logger.destinations],
-        "device_train_microbatch_size": ("auto" if arguments["device_train_microbatch_size"] == "auto"
-                                         else trainer.microbatch_size),
-        "accumulate_train_batch_on_tokens": arguments["accumulate_train_batch_on_tokens"],
-        "device_memory_budget": trainer.device_memory_budget,
-        "log_interval": arguments["log_interval"],
+        "loggers": [type(d).__name__ for d in destinations],
+        "device_train_microbatch_size": ("auto" if step.device_train_microbatch_size == "auto"
+                                         else runner.microbatch_size),
+        "accumulate_train_batch_on_tokens": step.accumulate_train_batch_on_tokens,
+        "device_memory_budget": runner.device_memory_budget,
+        "log_interval": run.log_interval,
         "parallelism": parallelism if isinstance(parallelism, str) else repr(parallelism),
-        "mesh": dict(trainer.mesh.shape),
-        "devices": int(trainer.mesh.devices.size),
+        "mesh": dict(mesh.shape),
+        "devices": int(mesh.devices.size),
         "processes": jax.process_count(),
         "eval_interval": (None if eval_interval is None else getattr(eval_interval, "__name__", repr(eval_interval))
                           if callable(eval_interval) and not isinstance(eval_interval, (str, Time))
                           else str(Time.from_input(eval_interval, TimeUnit.EPOCH))),
-        "save_interval": str(arguments["save_interval"]),
-        "save_weights_only": arguments["save_weights_only"],
-        "time_limit": None if arguments["time_limit"] is None else str(arguments["time_limit"]),
+        "save_interval": str(checkpoint.save_interval),
+        "save_weights_only": checkpoint.save_weights_only,
+        "time_limit": None if time_limit is None else str(time_limit),
         "skip_nonfinite_updates": state.skip_nonfinite_updates,
         "dataloader_len": state.dataloader_len,
         "versions": versions(),
@@ -405,7 +389,7 @@ def versions() -> dict[str, str]:
     import optax
     import orbax.checkpoint
 
-    from composerjax import __version__
+    from composerjax._version import __version__
 
     return {"composerjax": __version__, "jax": jax.__version__, "flax": flax.__version__, "optax": optax.__version__,
             "orbax-checkpoint": getattr(orbax.checkpoint, "__version__", "unknown")}

@@ -6,12 +6,14 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
+from composerjax.checkpoint.saver import CheckpointSaver
 from composerjax.core.callback import Callback
 from composerjax.core.state import State
 from composerjax.core.time import Time, TimeUnit
-from composerjax.trainer.interrupt import TrainingInterrupted
+from composerjax.trainer.interrupt import StopControl, TrainingInterrupted
 
 __all__ = ["SignalHandler", "TimeLimit", "to_time_limit"]
 
@@ -39,11 +41,11 @@ class TimeLimit(Callback):
     def __init__(self, time_limit: Time | str | int | float) -> None:
         self.seconds = to_time_limit(time_limit)
         self._started: float | None = None
-        self._request: Any = None
+        self._control: StopControl | None = None
 
-    def attach_trainer(self, trainer: Any) -> None:
-        """Ask ``trainer`` to stop when the budget is spent."""
-        self._request = trainer.request_stop
+    def bind(self, control: StopControl) -> None:
+        """Ask the run's ``control`` to stop when the budget is spent."""
+        self._control = control
 
     def fit_start(self, state: State, logger: Any) -> None:
         if self._started is None:
@@ -52,7 +54,9 @@ class TimeLimit(Callback):
     def batch_end(self, state: State, logger: Any) -> bool:
         if self._started is None or time.perf_counter() - self._started < self.seconds:
             return False
-        self._request(time_limit=True)
+        if self._control is None:
+            raise RuntimeError("TimeLimit: not bound to a Trainer (pass it in Trainer(callbacks=[...]))")
+        self._control.ask(time_limit=True)
         return True
 
 
@@ -76,13 +80,15 @@ class SignalHandler(Callback):
     in_checkpoints = False  # nothing to resume: the trainer's arguments configure it again
 
     def __init__(self) -> None:
-        self._trainer: Any = None
+        self._control: StopControl | None = None
+        self._saver: Any = None
+        self._close: Callable[[], None] | None = None
         self._signal: int | None = None
         self._previous: dict[int, Any] = {}
 
-    def attach_trainer(self, trainer: Any) -> None:
-        """Report signals to ``trainer`` and exit through it."""
-        self._trainer = trainer
+    def bind(self, control: StopControl, saver: CheckpointSaver | None, close: Callable[[], None]) -> None:
+        """Report signals to the run's ``control``; at the exit wait for ``saver``'s save, then ``close`` the run."""
+        self._control, self._saver, self._close = control, saver, close
 
     def fit_start(self, state: State, logger: Any) -> None:
         self._signal = None
@@ -98,7 +104,8 @@ class SignalHandler(Callback):
         if self._signal is not None:  # a second signal: stop now, without saving
             raise TrainingInterrupted(signum, saved_batch=None)
         self._signal = signum
-        self._trainer.request_stop(signum=signum)
+        if self._control is not None:
+            self._control.ask(signum=signum)
 
     def restore(self) -> None:
         """Put back the handlers that were there before ``fit``."""
@@ -108,13 +115,14 @@ class SignalHandler(Callback):
 
     def fit_end(self, state: State, logger: Any) -> bool:
         self.restore()
-        decision = self._trainer.stop_decision
-        if decision is None or not decision.signum:
+        control = self._control
+        decision = control.decision if control is not None else None
+        if control is None or decision is None or not decision.signum:
             return False
         signum = decision.signum
         name = signal.Signals(signum).name
-        self._trainer.stop_reason = name
-        checkpointer = self._trainer.checkpointer
+        control.reason = name
+        checkpointer = self._saver.checkpointer if self._saver is not None else None
         saved = None
         if checkpointer is not None:
             checkpointer.wait()  # raises CheckpointSaveError if the save did not reach the disk
@@ -127,7 +135,8 @@ class SignalHandler(Callback):
         except TrainingInterrupted:
             # Closed while the interruption is being raised: the trackers flush what they were given
             # and record the run as interrupted (MLflow KILLED, W&B exit code 128 + signal).
-            self._trainer.close()
+            if self._close is not None:
+                self._close()
             raise
 
     def fit_error(self, state: State, logger: Any, error: BaseException) -> None:

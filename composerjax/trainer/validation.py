@@ -1,7 +1,8 @@
 """Checks of run settings that would otherwise be silently wrong or fail deep inside JAX.
 
 Each check raises ``ValueError`` naming the field, the value given and what is accepted. The
-``Trainer`` runs them on its arguments and again where a setting can change later (``fit(duration)``,
+settings sections (:mod:`composerjax.trainer.sections`) run them on the Trainer's arguments, and
+they run again where a setting can change later (``fit(duration)``,
 ``state.max_duration``); recipes (:mod:`composerjax.trainer.config`) run the same checks at
 validation, so the CLI reports them as bad input (exit status 2).
 
@@ -130,68 +131,6 @@ def check_interval(interval: Time | None, field: str,
         accepted = " or ".join(names.get(unit, unit.value) for unit in units)
         raise ValueError(f"{field}={str(given if given is not None else interval)!r}: expected a positive whole "
                          f"number of {accepted}, e.g. '1ep' or '500ba' (an int counts epochs)")
-
-
-def check_arguments(arguments: dict[str, Any]) -> None:
-    """Refuse Trainer arguments of the wrong kind, each error naming the argument, the value and what is accepted.
-
-    Example:
-        >>> check_arguments({"log_interval": 0})
-        Traceback (most recent call last):
-        ...
-        ValueError: log_interval=0: expected a positive integer (batches)
-    """
-    import os
-
-    def positive_int(value: Any) -> bool:
-        return not isinstance(value, bool) and isinstance(value, int) and value >= 1
-
-    value = arguments.get("log_interval", 1)
-    if not positive_int(value):
-        raise ValueError(f"log_interval={value!r}: expected a positive integer (batches)")
-    value = arguments.get("device_train_microbatch_size")
-    if value is not None and value != "auto" and not positive_int(value):
-        raise ValueError(f"device_train_microbatch_size={value!r}: expected a positive integer, 'auto' or None")
-    value = arguments.get("steps_per_call", "auto")
-    if value != "auto" and not positive_int(value):
-        raise ValueError(f"steps_per_call={value!r}: expected a positive integer (batches per call) or 'auto'")
-    value = arguments.get("device_prefetch", 2)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"device_prefetch={value!r}: expected a number of batches >= 0 (0: no prefetching)")
-    value = arguments.get("compilation_cache", True)
-    if not isinstance(value, (bool, str, os.PathLike)) or value == "":
-        raise ValueError(f"compilation_cache={value!r}: expected True (the default folder), a folder path, "
-                         "or False (off)")
-    value = arguments.get("device_memory_budget")
-    if value is not None and not positive_int(value):
-        raise ValueError(f"device_memory_budget={value!r}: expected a positive number of bytes")
-    for flag in ("save_weights_only", "load_weights_only", "save_overwrite", "autoresume", "skip_nonfinite_updates",
-                 "allow_nonfinite_loss", "handle_signals", "auto_log_hparams", "accumulate_train_batch_on_tokens"):
-        if flag in arguments and not isinstance(arguments[flag], bool):
-            raise ValueError(f"{flag}={arguments[flag]!r}: expected True or False")
-    for field in ("load_path", "save_folder"):
-        value = arguments.get(field)
-        if value is not None and not isinstance(value, (str, os.PathLike)):
-            raise ValueError(f"{field}={value!r}: expected a folder path (str) or None")
-    if arguments.get("autoresume") and arguments.get("save_folder") is None:
-        raise ValueError("autoresume=True needs save_folder: the folder to resume from")
-    if arguments.get("autoresume") and arguments.get("save_weights_only"):
-        raise ValueError("autoresume=True needs full checkpoints, but save_weights_only=True saves only the "
-                         "model's variables; drop one of them")
-    value = arguments.get("save_num_checkpoints_to_keep", -1)
-    if isinstance(value, bool) or not isinstance(value, int) or (value < 1 and value != -1):
-        raise ValueError(f"save_num_checkpoints_to_keep={value!r}: expected a positive integer, or -1 to keep all")
-    value = arguments.get("load_path")
-    from composerjax.checkpoint.storage import is_remote, storage_for
-
-    if value is not None and is_remote(value):
-        storage_for(value, "load_path")  # an unsupported scheme (ftp://) is refused now; a bucket is read at load
-    elif value is not None and not os.path.exists(value):
-        raise FileNotFoundError(f"load_path={os.fspath(value)!r} does not exist; expected a save_folder or one "
-                                "checkpoint folder inside it")
-    value = arguments.get("tokens_per_batch")
-    if value is not None and not callable(value):
-        raise TypeError(f"tokens_per_batch={value!r}: expected a callable fn(batch) -> int or None")
 
 
 def to_time(value: Time | str | int | None, field: str) -> Time | None:

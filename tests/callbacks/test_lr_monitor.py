@@ -22,7 +22,8 @@ from composerjax.optim import (
     compile_schedulers,
     with_schedule,
 )
-from composerjax.trainer.config import build_trainer, load_config
+from composerjax.trainer import build_trainer
+from composerjax.trainer.config import load_config
 
 
 def schedule(count):

@@ -57,7 +57,7 @@ def test_a_composer_argument_is_a_type_error_saying_what_to_use_instead():
         "Trainer(console_log_interval='1ep', max_duraton='2ep'): console_log_interval= is Composer's argument; here "
         "use loggers=[ConsoleLogger(interval=N)] (every N batches); unknown argument max_duraton=; did you mean "
         "max_duration=?")
-    assert tiny_trainer(accelerator="cpu").arguments["accelerator"] == "cpu"
+    assert tiny_trainer(accelerator="cpu").settings.run.accelerator == "cpu"
 
 
 def test_a_recipe_with_a_composer_argument_gets_the_same_advice():

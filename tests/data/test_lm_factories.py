@@ -8,7 +8,8 @@ import pytest
 
 import composerjax.data.lm as lm
 from composerjax.data import TOKENIZER_FILE, hf_dataset_lm, lm_loader, pack_documents, stdlib_lm, text_files_lm
-from composerjax.trainer.config import ConfigError, build_trainer
+from composerjax.trainer import build_trainer
+from composerjax.trainer.config import ConfigError
 
 SMALL = {"seq_len": 16, "batch_size": 2, "vocab_size": 300, "max_files": 4}
 

@@ -16,7 +16,8 @@ from composerjax.data import (
     stdlib_lm,
     text_files_lm,
 )
-from composerjax.trainer.config import ConfigError, build_trainer
+from composerjax.trainer import build_trainer
+from composerjax.trainer.config import ConfigError
 
 
 @pytest.fixture(scope="module")

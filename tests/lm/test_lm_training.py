@@ -9,7 +9,7 @@ import numpy as np
 from composerjax import Callback
 from composerjax.data.lm import TOKENIZER_FILE
 from composerjax.data.tokenizer import load_tokenizer
-from composerjax.trainer.config import build_trainer
+from composerjax.trainer import build_trainer
 
 VOCAB, SEQ_LEN, BATCHES = 384, 32, 80
 

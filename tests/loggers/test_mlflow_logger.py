@@ -249,7 +249,8 @@ def test_importing_composerjax_and_the_logger_modules_imports_neither_wandb_nor_
 
 
 def test_a_recipe_names_the_logger_and_its_arguments(store):
-    from composerjax.trainer.config import build_trainer, load_config
+    from composerjax.trainer import build_trainer
+    from composerjax.trainer.config import load_config
 
     # Once registered (entry point `mlflow`), `name: mlflow` is the same class.
     spec = {"name": "composerjax.loggers.mlflow_logger:MLFlowLogger", "experiment_name": "recipe",

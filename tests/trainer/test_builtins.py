@@ -22,7 +22,8 @@ def make(**kwargs) -> Trainer:
 
 
 def builtins(trainer: Trainer) -> list[str]:
-    return [type(c).__name__ for c in trainer.state.callbacks if type(c).__module__.startswith(("composerjax.trainer", "composerjax.checkpoint"))]
+    return [type(c).__name__ for c in trainer.state.callbacks
+            if type(c).__module__.startswith(("composerjax.trainer", "composerjax.checkpoint"))]
 
 
 class Marker(Callback):

@@ -11,7 +11,8 @@ import pytest
 from composerjax import Trainer
 from composerjax.core.event import TRAIN_STEP_EVENTS
 from composerjax.explain import explain
-from composerjax.trainer.config import ConfigError, TrainerConfig, build_trainer, learning_rate, load_config
+from composerjax.trainer import build_trainer
+from composerjax.trainer.config import ConfigError, TrainerConfig, learning_rate, load_config
 
 RECIPE = {
     "model": {"name": "mlp", "sizes": [64, 16, 10]},
@@ -33,7 +34,7 @@ def test_config_to_trainer_to_config_round_trips():
     config = load_config(RECIPE)
     trainer = Trainer.from_config(config)
     assert [type(a).__name__ for a in trainer.state.algorithms] == ["LabelSmoothing", "EMA", "GradientClipping"]
-    assert trainer.state.algorithms[0].smoothing == 0.1 and trainer.arguments["seed"] == 3
+    assert trainer.state.algorithms[0].smoothing == 0.1 and trainer.settings.run.seed == 3
     back = trainer.to_config()
     assert back.to_dict()["algorithms"][0] == {"name": "label_smoothing", "smoothing": 0.1}
     assert back.algorithms[1].hparams["half_life"] == "5ba"

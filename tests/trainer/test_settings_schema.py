@@ -115,8 +115,8 @@ def test_new_settings_from_set_build_the_trainer_and_round_trip():
     config = load_config(RECIPE, overrides)
     assert (config.steps_per_call, config.handle_signals) == (2, False)
     trainer = Trainer.from_config(config)
-    assert trainer.arguments["tokens_per_batch"] is count_tokens
-    assert trainer.arguments["algorithm_passes"] == [keep_order, (keep_order, 5)]
+    assert trainer.settings.run.tokens_per_batch is count_tokens
+    assert trainer.settings.run.algorithm_passes == [keep_order, (keep_order, 5)]
     trainer.fit()
     assert trainer.state.timestamp.token == 4 * 100  # the function the recipe named counted them
     back = trainer.to_config()
@@ -192,7 +192,7 @@ def test_hyperparameters_are_read_from_the_arguments_and_the_state():
                       optimizers=optax.sgd(0.1), eval_dataloader=loader, callbacks=SpeedMonitor(window_size=3),
                       progress_bar=False, run_summary=False, seed=5, run_name="hp", time_limit="1h",
                       save_interval="3ba")
-    hparams = hyperparameters(trainer)
+    hparams = hyperparameters(trainer.settings, trainer.state, trainer.runner, trainer.logger.destinations, trainer.mesh)
     assert list(hparams) == ["run_name", "max_duration", "seed", "precision", "optimizer", "algorithms", "callbacks",
                              "loggers", "device_train_microbatch_size", "accumulate_train_batch_on_tokens",
                              "device_memory_budget", "log_interval",

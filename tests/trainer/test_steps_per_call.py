@@ -52,7 +52,7 @@ def make(steps_per_call: int = 1, duration: str = "3ep", **kwargs) -> tuple[Trai
     algorithms = [MixUp(alpha=0.4), LabelSmoothing(0.1), EMA(half_life="3ba"), Probe()]
     trainer = Trainer(model, ArrayLoader((X, Y), batch_size=8, shuffle=True, seed=1), duration,  # 10 batches/epoch
                       optax.adam(1e-2), algorithms=algorithms, loggers=[memory], log_interval=1,
-                      steps_per_call=steps_per_call, progress_bar=False, run_summary=False, **kwargs)
+                      steps_per_call=steps_per_call, progress_bar=False, **{"run_summary": False, **kwargs})
     return trainer, memory
 
 
@@ -198,9 +198,8 @@ def test_a_progress_bar_keeps_grouping_and_counts_every_batch():
 
 
 def test_grouping_blocked_by_names_the_plugins_that_must_act_between_batches(capsys):
-    trainer, _ = make(4, "1ep", callbacks=[Listener()])
+    trainer, _ = make(4, "1ep", callbacks=[Listener()], run_summary=True)
     assert trainer.grouping_blocked_by == ["Listener"]
-    trainer.run_summary = True
     trainer.fit()
     assert trainer.state.run_summary["grouping_blocked_by"] == ["Listener"]
     assert "steps_per_call=4: grouping blocked by Listener" in capsys.readouterr().out
