@@ -40,8 +40,6 @@ COMPOSER_TRAINER_ARGUMENTS = (
 INSTEAD: dict[str, str] = {
     "train_dataloader_label": "drop it: train metrics are always logged under the label `train` "
                               "(`metrics/train/<Name>`)",
-    "train_subset_num_batches": "an epoch ends where the train loader ends: pass a shorter loader, or a "
-                                "`max_duration` in batches (`'100ba'`)",
     "spin_dataloaders": "drop it: a checkpoint holds the train loader's position (its `state_dict()`), and a "
                         "resumed run continues from there",
     "log_to_console": "`loggers=[ConsoleLogger()]`",

@@ -504,8 +504,8 @@ def _names_a_setting(message: str) -> bool:
 def _check_run_length(config: TrainerConfig, arguments: dict[str, Any], steps_per_epoch: int | None,
                       train: Any) -> None:
     """max_duration ends and fits the step counter, now that the data's length is known (a ConfigError if not)."""
-    from composerjax.trainer.validation import check_run_length
-    from composerjax.trainer.validation import to_time as _to_time
+    from composerjax.core.validation import check_run_length
+    from composerjax.core.validation import to_time as _to_time
 
     duration = arguments.get("max_duration", config.max_duration)
     try:

@@ -18,11 +18,11 @@ from composerjax.core.evaluator import Evaluator, ensure_evaluators
 from composerjax.core.logger import Logger
 from composerjax.core.state import State
 from composerjax.core.time import Time, Timestamp, TimeUnit
+from composerjax.core.validation import loader_length, to_time
 from composerjax.data.array_loader import as_batch_iterable
 from composerjax.step.runner import StepRunner
 from composerjax.step.summary import format_summary, parameter_summary
 from composerjax.trainer.sections import TrainerSettings, check_subset
-from composerjax.trainer.validation import loader_length, to_time
 
 __all__ = ["Scheduling", "apply_fit_arguments", "apply_schedulers", "log_run_summary", "set_evaluators"]
 
@@ -135,7 +135,7 @@ def apply_schedulers(state: State, runner: StepRunner | None, scheduling: Schedu
 def apply_fit_arguments(state: State, runner: StepRunner, scheduling: Scheduling, duration: Any,
                         train_dataloader: Any, reset_time: bool, schedulers: Any, scale_schedule_ratio: float,
                         step_schedulers_every_batch: bool | None, device_train_microbatch_size: Any,
-                        precision: str | None) -> None:
+                        precision: str | None, batches_per_epoch: Callable[[Any], int | None] = loader_length) -> None:
     """Apply ``Trainer.fit``'s run arguments to the state and the step runner (Composer's meanings).
 
     The evaluation arguments go to :func:`set_evaluators`.
@@ -155,7 +155,7 @@ def apply_fit_arguments(state: State, runner: StepRunner, scheduling: Scheduling
         runner.builder.clear()  # the steps compiled for the old split
     if train_dataloader is not None:
         loader = as_batch_iterable(train_dataloader)
-        state.dataloader, state.dataloader_len = loader, loader_length(loader)
+        state.dataloader, state.dataloader_len = loader, batches_per_epoch(loader)
     if reset_time:
         state.timestamp, state.previous_timestamp = Timestamp(), None
         clock = state.train_state.clock

@@ -17,6 +17,7 @@ from composerjax.core.logger import Logger
 from composerjax.core.state import State
 from composerjax.core.time import TimeUnit
 from composerjax.core.timestamp import UNIT_FIELDS
+from composerjax.core.validation import check_run_length, loader_length
 from composerjax.data.prefetch import DevicePrefetcher
 from composerjax.parallel.heartbeat import heartbeat
 from composerjax.step.runner import StepRunner, batch_size_of
@@ -24,7 +25,6 @@ from composerjax.trainer.auto_grouping import AutoStepsPerCall
 from composerjax.trainer.interrupt import StopControl, StopDecision
 from composerjax.trainer.nonfinite_loss import NonFiniteLoss
 from composerjax.trainer.sections import StepSettings
-from composerjax.trainer.validation import check_run_length
 
 __all__ = ["FitLoop", "PendingLogs", "COUNTER", "grouping_blocked_by"]
 
@@ -167,6 +167,11 @@ class FitLoop:
     def start_epoch(self) -> None:
         self.close()
         state = self.state
+        loader = state.dataloader
+        if (state.timestamp.counts.batch_in_epoch == 0 and hasattr(loader, "set_epoch")
+                and state.dataloader_len != loader_length(loader)):
+            # An epoch cut short (train_subset_num_batches): the next one is a new pass, as Composer's sampler epoch.
+            loader.set_epoch(int(state.timestamp.epoch))
         if self.device_prefetch:
             # The decision to prefetch in a thread is timed on the first pass and kept for the next ones.
             self.iterator = DevicePrefetcher(state.dataloader, self.runner.place_batch, self.device_prefetch,

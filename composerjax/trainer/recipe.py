@@ -267,9 +267,9 @@ def check_components(values: dict[str, Any]) -> list[str]:
 def check_times(values: dict[str, Any]) -> list[str]:
     """Every time string in the recipe parses: run lengths and intervals, the schedule, the time limit."""
     from composerjax.core.state import as_max_duration
+    from composerjax.core.validation import check_interval, check_run_length
+    from composerjax.core.validation import to_time as _to_time
     from composerjax.trainer.stopping import to_time_limit as _to_time_limit
-    from composerjax.trainer.validation import check_interval, check_run_length
-    from composerjax.trainer.validation import to_time as _to_time
 
     problems = []
     for field in ("max_duration", "eval_interval", "save_interval"):

@@ -29,9 +29,9 @@ from composerjax.core.algorithm import Algorithm
 from composerjax.core.callback import Callback
 from composerjax.core.settings import REQUIRED, Section, default_of, flag, positive_int, setting, setting_fields
 from composerjax.core.time import Time
+from composerjax.core.validation import as_list, check_seed, loader_length, to_time
 from composerjax.loggers.logger import LoggerDestination
 from composerjax.trainer.stopping import to_time_limit
-from composerjax.trainer.validation import as_list, check_seed, to_time
 
 if TYPE_CHECKING:
     import jax
@@ -119,6 +119,11 @@ def _budget(value: Any, field: str) -> None:
 def _cache(value: Any, field: str) -> None:
     if not isinstance(value, (bool, str, os.PathLike)) or value == "":
         raise ValueError(f"{field}={value!r}: expected True (the default folder), a folder path, or False (off)")
+
+
+def check_subset_or_all(value: Any, field: str) -> None:
+    """A number of batches: positive, or -1 for all of them."""
+    check_subset(value, field)
 
 
 def check_subset(value: Any, field: str = "eval_subset_num_batches") -> None:
@@ -215,10 +220,29 @@ class RunSettings(Section):
         doc="JAX's persistent compilation cache: True (default) is ``$COMPOSERJAX_CACHE_DIR`` or "
             "``~/.cache/composerjax/jax`` (on from ``import composerjax``; ``COMPOSERJAX_COMPILATION_CACHE=0`` keeps "
             "it off); a path picks the folder; False turns it off.")
+    train_subset_num_batches: int = setting(
+        -1, check=check_subset_or_all,
+        doc="end every epoch after this many batches of the train loader (-1: the whole loader; no effect when the "
+            "loader is shorter), as Composer's: an ``'ep'`` run, the schedulers' epochs and the loader's position "
+            "count these batches.")
     config: Any = setting(
         None, recipe="absent:the recipe itself: build_trainer passes it",
         doc="the ``TrainerConfig`` this run was built from (``build_trainer`` passes it; ``trainer.to_config()`` "
             "starts from it); None for a Trainer built in Python.")
+
+    def batches_per_epoch(self, loader: Any) -> int | None:
+        """The batches of one epoch on ``loader``: its length, cut to ``train_subset_num_batches`` (None: unknown).
+
+        Example:
+            >>> RunSettings.batches_per_epoch(TrainerSettings.from_arguments(
+            ...     {"model": None, "train_subset_num_batches": 3}, check=False).run, range(10))
+            3
+        """
+        length = loader_length(loader)
+        subset = self.train_subset_num_batches
+        if subset == -1:
+            return length
+        return subset if length is None else min(subset, length)
 
     def check(self) -> None:
         """A ``loss_fn`` fits the model (a plain module needs one)."""

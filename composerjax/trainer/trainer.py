@@ -26,6 +26,13 @@ from composerjax.core.event import Event
 from composerjax.core.lifecycle import EVAL_DURING_FIT, EVAL_STANDALONE, walk_fit
 from composerjax.core.state import State
 from composerjax.core.time import Time
+from composerjax.core.validation import (
+    as_list,
+    check_ready_to_fit,
+    check_run_length,
+    check_seed,
+    to_time,
+)
 from composerjax.data.array_loader import as_batch_iterable
 from composerjax.loggers.logger import Logger, LoggerDestination
 from composerjax.loggers.progress_bar import ProgressBarLogger
@@ -51,14 +58,6 @@ from composerjax.trainer.nonfinite_loss import NonFiniteLoss
 from composerjax.trainer.sections import TrainerSettings
 from composerjax.trainer.settings import hyperparameters
 from composerjax.trainer.stopping import to_time_limit
-from composerjax.trainer.validation import (
-    as_list,
-    check_ready_to_fit,
-    check_run_length,
-    check_seed,
-    loader_length,
-    to_time,
-)
 
 __all__ = ["Trainer", "TrainingInterrupted", "build_trainer"]
 
@@ -132,7 +131,7 @@ class Trainer:
             model=run.model, optimizer=optimizer, max_duration=to_time(run.max_duration, "max_duration"),
             rng=jax.random.key(check_seed(run.seed)), algorithms=as_list(run.algorithms, Algorithm, "algorithms"),
             callbacks=as_list(run.callbacks, Callback, "callbacks"), dataloader=train_loader,
-            dataloader_len=loader_length(train_loader), precision=step.precision,
+            dataloader_len=run.batches_per_epoch(train_loader), precision=step.precision,
             run_name=run.run_name or time.strftime("run-%Y%m%d-%H%M%S"), mesh=self.mesh)
         state.run_dir = run.run_dir or os.path.join("runs", state.run_name)
         state.skip_nonfinite_updates = step.skip_nonfinite_updates
@@ -293,7 +292,8 @@ class Trainer:
         state = self.state
         counts_tokens = self.settings.run.tokens_per_batch is not None
         apply_fit_arguments(state, self.runner, self.scheduling, duration, train_dataloader, reset_time, schedulers,
-                            scale_schedule_ratio, step_schedulers_every_batch, device_train_microbatch_size, precision)
+                            scale_schedule_ratio, step_schedulers_every_batch, device_train_microbatch_size, precision,
+                            batches_per_epoch=self.settings.run.batches_per_epoch)
         if eval_dataloader is not None or eval_interval is not None:
             given = eval_dataloader if eval_dataloader is not None else (list(state.evaluators) or None)
             set_evaluators(state, self._eval_during_fit, given, eval_interval, eval_subset_num_batches,

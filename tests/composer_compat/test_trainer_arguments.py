@@ -34,7 +34,7 @@ def test_every_composer_trainer_argument_is_taken_or_listed_with_what_to_use_ins
     assert len(COMPOSER_TRAINER_ARGUMENTS) == len(set(COMPOSER_TRAINER_ARGUMENTS)) == 54
     not_taken = [name for name in COMPOSER_TRAINER_ARGUMENTS if name not in taken]
     assert not_taken == list(INSTEAD)  # in Composer's order, each listed, nothing listed that is taken
-    assert len(INSTEAD) == 20
+    assert len(INSTEAD) == 19
     assert "accumulate_train_batch_on_tokens" in taken  # issue 28: taken, with Composer's default
     assert inspect.signature(Trainer).parameters["accumulate_train_batch_on_tokens"].default is False
 

@@ -541,7 +541,7 @@ def test_parse_time_with_no_minimum_accepts_negative_times():
 
 @pytest.mark.parametrize("value, shown", [(-1, "'-1'"), ("-2ba", "'-2ba'"), (Time(-3, "ep"), "'-3ep'")])
 def test_trainer_time_arguments_refuse_negative_times_naming_the_field(value, shown):
-    from composerjax.trainer.validation import to_time
+    from composerjax.core.validation import to_time
 
     with pytest.raises(ValueError, match=f"^max_duration={shown}: expected a non-negative time$"):
         to_time(value, "max_duration")

@@ -18,9 +18,9 @@ from flax import nnx
 from composerjax import ArrayLoader, Callback, ComposerClassifier, Trainer
 from composerjax.cli import main
 from composerjax.core.time import Time
+from composerjax.core.validation import check_seed
 from composerjax.trainer import BatchError
 from composerjax.trainer.config import ConfigError, load_config
-from composerjax.trainer.validation import check_seed
 
 # The smallest registered model that fits the digits data (10 classes): an MLP compiles in a blink.
 TINY_RECIPE = {

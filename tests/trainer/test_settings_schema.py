@@ -192,7 +192,8 @@ def test_hyperparameters_are_read_from_the_arguments_and_the_state():
                       optimizers=optax.sgd(0.1), eval_dataloader=loader, callbacks=SpeedMonitor(window_size=3),
                       progress_bar=False, run_summary=False, seed=5, run_name="hp", time_limit="1h",
                       save_interval="3ba")
-    hparams = hyperparameters(trainer.settings, trainer.state, trainer.runner, trainer.logger.destinations, trainer.mesh)
+    hparams = hyperparameters(trainer.settings, trainer.state, trainer.runner, trainer.logger.destinations,
+                              trainer.mesh)
     assert list(hparams) == ["run_name", "max_duration", "seed", "precision", "optimizer", "algorithms", "callbacks",
                              "loggers", "device_train_microbatch_size", "accumulate_train_batch_on_tokens",
                              "device_memory_budget", "log_interval",
