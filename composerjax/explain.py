@@ -27,6 +27,7 @@ from typing import Any
 from composerjax.core.event import EVAL_STEP_EVENTS, TRACED_EVENTS, TRAIN_STEP_EVENTS, Event
 from composerjax.core.lifecycle import BATCH, EVAL_BATCH, EVAL_CLOSE, EVAL_DURING_FIT, EVAL_OPEN, STEP, walk_fit
 from composerjax.core.state import instance_names
+from composerjax.trainer.trainer import Trainer
 
 __all__ = ["EventPlan", "Explanation", "explain"]
 
@@ -97,7 +98,6 @@ def explain(target: Any) -> Explanation:
 
         print(explain(trainer).render())
     """
-    from composerjax.trainer.trainer import Trainer
 
     if isinstance(target, Trainer):
         # Surgery at INIT has already changed the model: check only the algorithms that did not run there.
@@ -169,7 +169,7 @@ class _Prediction:
     longer than ``_MAX_WALKED_BATCHES`` are walked with a stride (every epoch start included).
     """
 
-    def __init__(self, trainer: Any) -> None:
+    def __init__(self, trainer: Trainer) -> None:
         from composerjax.core.evaluator import evaluate_periodically
         from composerjax.trainer.eval_runner import EvalRunner
 
@@ -288,7 +288,7 @@ def _ordered(engine: Any, event: Event, hits: list[Any]) -> tuple[Any, ...]:
         return engine._order(event, tuple(hits))
 
 
-def _walk(trainer: Any, conflicts: list[str]) -> Explanation:
+def _walk(trainer: Trainer, conflicts: list[str]) -> Explanation:
     """Walk the fit lifecycle with a driver that only asks ``match``; turn what matched into an Explanation."""
     import warnings
 

@@ -26,7 +26,13 @@ import sys
 import threading
 import traceback
 import weakref
-from typing import Any
+from typing import Any, Protocol
+
+
+class Closeable(Protocol):
+    """What the exit hook closes: a Trainer (anything with ``close()``)."""
+
+    def close(self) -> None: ...
 
 __all__ = ["close_open_trainers", "forget", "open_trainers", "register"]
 
@@ -35,13 +41,13 @@ _order = itertools.count()
 _installed = False
 
 
-def register(trainer: Any) -> None:
+def register(trainer: Closeable) -> None:
     """Close ``trainer`` at interpreter exit unless it is closed (or garbage collected) before."""
     _install()
     _open[next(_order)] = trainer
 
 
-def forget(trainer: Any) -> None:
+def forget(trainer: Closeable) -> None:
     """``trainer`` was closed: nothing left to do for it at exit."""
     for key, registered in list(_open.items()):
         if registered is trainer:
