@@ -99,7 +99,7 @@ def format_summary(summary: dict[str, Any]) -> str:
     cache = summary.get("compilation_cache")
     lines.append(f"  compilation cache: {cache['folder']}" if cache else "  compilation cache: off")
     if summary.get("grouping_blocked_by"):
-        lines.append(f"  steps_per_call={summary['steps_per_call']}: grouping blocked by "
+        lines.append(f"  steps_per_call={summary['steps_per_call']['given']}: grouping blocked by "
                      f"{', '.join(summary['grouping_blocked_by'])} (they act between batches)")
     # Known only once training ran (fit end): the summary printed at FIT_START has neither.
     if summary.get("nonfinite_loss"):

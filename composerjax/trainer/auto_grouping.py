@@ -100,7 +100,7 @@ class AutoStepsPerCall:
         self.count, self.reason = self.choose(record.flops, record.bytes_accessed, platform, remaining)
         seconds = self.estimate(record.flops, record.bytes_accessed, platform)
         state.run_summary["steps_per_call"] = {
-            "chosen": self.count, "reason": self.reason, "flops": record.flops,
+            "given": "auto", "chosen": self.count, "reason": self.reason, "flops": record.flops,
             "bytes_accessed": record.bytes_accessed,
             "estimated_step_ms": None if seconds is None else round(seconds * 1e3, 6),
         }
@@ -109,8 +109,8 @@ class AutoStepsPerCall:
     def decline(self, state: Any, reason: str) -> None:
         """Decide for one batch per call without estimating, for ``reason`` (kept in the run summary)."""
         self.count, self.reason = 1, reason
-        state.run_summary["steps_per_call"] = {"chosen": 1, "reason": reason, "flops": None, "bytes_accessed": None,
-                                               "estimated_step_ms": None}
+        state.run_summary["steps_per_call"] = {"given": "auto", "chosen": 1, "reason": reason, "flops": None,
+                                               "bytes_accessed": None, "estimated_step_ms": None}
 
     def describe(self) -> str:
         """One line for the run's output, once decided."""

@@ -196,7 +196,11 @@ def log_run_summary(settings: TrainerSettings, state: State, logger: Logger, mes
         summary["compilation_cache"] = {"folder": compilation_cache_dir, "steps_loaded": 0, "steps_compiled": 0}
     steps_per_call = settings.step.steps_per_call
     if steps_per_call == "auto" or steps_per_call > 1:
-        summary.update(steps_per_call=steps_per_call, grouping_blocked_by=blocked_by)
+        # One shape from the start: 'auto' fills in chosen, reason and the cost it read once it decides.
+        chosen = None if steps_per_call == "auto" else steps_per_call
+        summary.update(steps_per_call={"given": steps_per_call, "chosen": chosen, "reason": None, "flops": None,
+                                       "bytes_accessed": None, "estimated_step_ms": None},
+                       grouping_blocked_by=blocked_by)
     if settings.run.auto_log_hparams:
         logger.log_hyperparameters(hparams)
     if settings.run.run_summary:

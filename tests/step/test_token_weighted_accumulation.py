@@ -104,7 +104,7 @@ def test_without_the_flag_microbatches_weigh_equally_and_miss_the_reference_meas
     microbatches = [full_batch_loss_and_grads(tuple(part[i:i + 2] for part in batch)) for i in range(0, BATCH, 2)]
     equal_weights = jax.tree.map(lambda *grads: sum(grads) / 4, *[grads for _, grads in microbatches])
     trainer = train_one_step(batch, device_train_microbatch_size=2)  # Composer's default: False
-    assert trainer.arguments["accumulate_train_batch_on_tokens"] is False
+    assert trainer.settings.step.accumulate_train_batch_on_tokens is False
     assert max_difference(step_taken(trainer), equal_weights) <= 1e-6
     assert max_difference(step_taken(trainer), reference) > 1e-3  # what the flag fixes, so the test above can fail
     assert float(trainer.state.loss) == pytest.approx(sum(loss for loss, _ in microbatches) / 4, abs=1e-6)

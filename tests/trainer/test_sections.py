@@ -135,3 +135,26 @@ def test_train_subset_num_batches_is_a_recipe_field_and_a_set_override():
     recipe = {"model": {"name": "digits_cnn"}, "data": {"name": "digits"}, "max_duration": "1ep"}
     assert load_config(recipe, ["train_subset_num_batches=3"]).train_subset_num_batches == 3
     assert TrainerConfig.model_fields["train_subset_num_batches"].default == -1
+
+
+def test_the_run_summarys_steps_per_call_entry_has_one_shape_from_fit_start_on():
+    from composerjax import Callback
+
+    class Peek(Callback):
+        def fit_start(self, state, logger) -> None:
+            self.seen = dict(state.run_summary["steps_per_call"])
+
+    peek = Peek()
+    trainer = make(callbacks=[peek])  # steps_per_call='auto', the default
+    trainer.fit()
+    assert peek.seen == {"given": "auto", "chosen": None, "reason": None, "flops": None, "bytes_accessed": None,
+                         "estimated_step_ms": None}
+    after = trainer.state.run_summary["steps_per_call"]
+    assert list(after) == list(peek.seen) and after["given"] == "auto" and after["chosen"] == 1
+    assert after["reason"].startswith("1 batches left")
+    trainer.close()
+    fixed = make(steps_per_call=2)
+    fixed.fit()
+    entry = fixed.state.run_summary["steps_per_call"]
+    assert entry["given"] == entry["chosen"] == 2
+    fixed.close()
