@@ -13,7 +13,15 @@ from typing import Any
 
 from composerjax.checkpoint.checkpointer import Checkpointer, CheckpointSaveError
 from composerjax.checkpoint.load import LoadOptions
-from composerjax.checkpoint.settings import CheckpointSettings, check_keep, save_interval_of
+from composerjax.checkpoint.settings import (
+    DEFAULT_FILENAME,
+    DEFAULT_LATEST,
+    DEFAULT_SAVE_INTERVAL,
+    KEEP_ALL,
+    CheckpointSettings,
+    check_keep,
+    save_interval_of,
+)
 from composerjax.checkpoint.storage import is_remote, storage_for
 from composerjax.checkpoint.writer import check_template, format_name, read_info, resolve_pointer
 from composerjax.console import print_error
@@ -26,11 +34,6 @@ from composerjax.parallel import dist
 __all__ = ["CheckpointSaver", "ABANDON_SAVE_TIMEOUT_S", "DEFAULT_FILENAME", "DEFAULT_LATEST", "checkpoint_location",
            "load_at_start", "refuse_old_checkpoints", "resumed", "save_now"]
 
-#: The name template of checkpoints (``save_filename``): Composer's ``'ep{epoch}-ba{batch}-rank{rank}.pt'``
-#: without the rank (every process writes its part of one orbax folder) or a file extension (a folder).
-DEFAULT_FILENAME = "ep{epoch}-ba{batch}"
-#: The link to the newest verified checkpoint (``save_latest_filename``), one for all processes.
-DEFAULT_LATEST = "latest"
 
 #: When ``fit`` fails, how long it waits for a checkpoint in flight to reach the disk before giving up.
 ABANDON_SAVE_TIMEOUT_S = 120.0
@@ -87,7 +90,8 @@ class CheckpointSaver(Callback):
                  remote_file_name: str | None = "{run_name}/checkpoints/" + DEFAULT_FILENAME,
                  latest_filename: str | None = DEFAULT_LATEST,
                  latest_remote_file_name: str | None = "{run_name}/checkpoints/" + DEFAULT_LATEST,
-                 save_interval: Time | str | int = "1ep", *, overwrite: bool = False, num_checkpoints_to_keep: int = -1,
+                 save_interval: Time | str | int = DEFAULT_SAVE_INTERVAL, *, overwrite: bool = False,
+                 num_checkpoints_to_keep: int = KEEP_ALL,
                  weights_only: bool = False, ignore_keys: Any = None, num_concurrent_uploads: int = 1,
                  upload_timeout_in_seconds: int = 3600) -> None:
         if not isinstance(folder, (str, os.PathLike)):

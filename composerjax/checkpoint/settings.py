@@ -26,7 +26,18 @@ from composerjax.checkpoint.writer import check_template
 from composerjax.core.settings import Section, flag, optional_path, setting
 from composerjax.core.time import Time, TimeUnit
 
-__all__ = ["CheckpointSettings", "check_keep", "save_interval_of"]
+__all__ = ["DEFAULT_FILENAME", "DEFAULT_LATEST", "DEFAULT_SAVE_INTERVAL", "KEEP_ALL", "CheckpointSettings",
+           "check_keep", "save_interval_of"]
+
+#: The name template of checkpoints (``save_filename``): Composer's ``'ep{epoch}-ba{batch}-rank{rank}.pt'``
+#: without the rank (every process writes its part of one orbax folder) or a file extension (a folder).
+DEFAULT_FILENAME = "ep{epoch}-ba{batch}"
+#: The link to the newest verified checkpoint (``save_latest_filename``), one for all processes.
+DEFAULT_LATEST = "latest"
+#: How often a run saves unless told (``save_interval``).
+DEFAULT_SAVE_INTERVAL = "1ep"
+#: ``save_num_checkpoints_to_keep`` that keeps every checkpoint.
+KEEP_ALL = -1
 
 
 def check_keep(value: Any, field: str = "save_num_checkpoints_to_keep") -> None:
@@ -87,9 +98,9 @@ class CheckpointSettings(Section):
         None, check=optional_path,
         doc="save checkpoints (orbax, async) into this folder; none when None.")
     save_interval: Time | str = setting(
-        "1ep", check=_check_interval, doc="how often to save: ``'1ep'``, ``'500ba'``.")
+        DEFAULT_SAVE_INTERVAL, check=_check_interval, doc="how often to save: ``'1ep'``, ``'500ba'``.")
     save_num_checkpoints_to_keep: int = setting(
-        -1, check=check_keep, doc="keep the newest N checkpoints (-1 keeps all).")
+        KEEP_ALL, check=check_keep, doc="keep the newest N checkpoints (-1 keeps all).")
     save_weights_only: bool = setting(
         False, check=flag,
         doc="save only the model's variables (for fine-tuning or serving; such a checkpoint cannot resume a run).")
@@ -98,11 +109,11 @@ class CheckpointSettings(Section):
         doc="let this run replace checkpoints another run left in ``save_folder`` (else such a folder is refused, "
             "unless ``autoresume``); a live run's folder is always refused.")
     save_filename: str = setting(
-        "ep{epoch}-ba{batch}", check=_check_template,
+        DEFAULT_FILENAME, check=_check_template,
         doc="each checkpoint's folder name, a template as Composer's (``'ep{epoch}-ba{batch}'`` gives ``ep1-ba8``; "
             "also ``{sample}``, ``{token}``, ``{run_name}``, ``{rank}``, ...).")
     save_latest_filename: str | None = setting(
-        "latest", check=_check_latest,
+        DEFAULT_LATEST, check=_check_latest,
         doc="a symlink in ``save_folder`` to the newest verified checkpoint; None for none.")
     load_path: str | None = setting(
         None, check=optional_path,
