@@ -184,7 +184,7 @@ class _Prediction:
         # Fresh interval rules (they remember their last evaluation): a prediction must not move the real ones.
         # A callable interval cannot be predicted without calling user code: it is left out.
         self.rules = [evaluate_periodically(rule.interval) for runner in state.callbacks
-                      if isinstance(runner, EvalRunner) for rule in map(runner._rule, runner.evaluators)
+                      if isinstance(runner, EvalRunner) for rule in map(runner.rule, runner.evaluators)
                       if hasattr(rule, "interval")]
         self.matched_at: dict[Event, dict[int, Any]] = {event: {} for event in Event}
         self.batches_matched: dict[Event, int] = {event: 0 for event in Event}
@@ -285,7 +285,7 @@ def _ordered(engine: Any, event: Event, hits: list[Any]) -> tuple[Any, ...]:
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return engine._order(event, tuple(hits))
+        return engine.order(event, tuple(hits))
 
 
 def _walk(trainer: Trainer, conflicts: list[str]) -> Explanation:

@@ -108,7 +108,11 @@ class Engine:
             self.algorithm_passes.insert(index, algorithm_pass)
         self._pass_memo.clear()
 
-    def _order(self, event: Event, matched: tuple[Algorithm, ...]) -> tuple[Algorithm, ...]:
+    def order(self, event: Event, matched: tuple[Algorithm, ...]) -> tuple[Algorithm, ...]:
+        """``matched`` (the algorithms that matched ``event``) in the order the passes give, memoised.
+
+        Example: ``engine.order(Event.AFTER_LOSS, (ema, smoothing))``.
+        """
         key = (event, matched)
         ordered = self._pass_memo.get(key)
         if ordered is None:
@@ -164,7 +168,7 @@ class Engine:
             return traces
         traced = event.is_traced
         batch = state.timestamp.counts.batch
-        for order, (key, algorithm) in enumerate(_keyed(self._order(event, matched), event)):
+        for order, (key, algorithm) in enumerate(_keyed(self.order(event, matched), event)):
             start = time.perf_counter()
             exit_code = self._apply(algorithm, event, state)
             duration = None if traced else time.perf_counter() - start
@@ -293,11 +297,6 @@ class Engine:
                 check or bool(table[event]) or event in self._listeners for event in events)
         return flags
 
-    def has_listeners(self, events: tuple[Event, ...]) -> bool:
-        """Whether any callback or logger destination listens to one of ``events`` (algorithms aside)."""
-        self._refresh_listeners()
-        return any(self._listeners_for(event) for event in events)
-
     def _rebuild_listeners(self) -> None:
         self._callbacks_seen = self.state.callbacks
         self._callbacks_len = len(self._callbacks_seen)
@@ -324,7 +323,7 @@ class Engine:
                 continue
             matched = self._match(event, state, candidates)
             if matched:
-                plan.append((event, self._order(event, matched)))
+                plan.append((event, self.order(event, matched)))
         return tuple(plan)
 
     def apply_planned(self, plan: Plan, event: Event, view: State) -> None:

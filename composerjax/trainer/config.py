@@ -31,6 +31,7 @@ import inspect
 import os
 import re
 import typing
+import weakref
 from collections.abc import Sequence
 from typing import Annotated, Any
 
@@ -398,11 +399,28 @@ def _instantiate(kind: str, spec: ComponentSpec, path: str | None = None) -> Any
             where = label
         raise ConfigError([f"{where}: {text}"]) from None
     if kind in ("algorithms", "callbacks", "loggers"):
-        try:  # what the recipe said, for to_config (attributes may hold derived values)
-            made._config_spec = spec.to_dict()
-        except AttributeError:
-            pass
+        _remember_spec(made, spec.to_dict())  # what the recipe said, for to_config (attributes may hold derived values)
     return made
+
+
+#: The recipe spec each component built from a config came from, by object id (the object held weakly).
+_SPECS: dict[int, tuple[weakref.ref[Any], dict[str, Any]]] = {}
+
+
+def _remember_spec(obj: Any, spec: dict[str, Any]) -> None:
+    """Keep ``obj``'s recipe spec beside it (not on it: nothing is attached to a plugin from outside)."""
+    key = id(obj)
+    try:
+        ref = weakref.ref(obj, lambda _: _SPECS.pop(key, None))
+    except TypeError:  # not weak-referenceable: to_config reads its attributes instead
+        return
+    _SPECS[key] = (ref, spec)
+
+
+def _spec_of(obj: Any) -> dict[str, Any] | None:
+    """The recipe spec ``obj`` was built from, if it was built from a config."""
+    found = _SPECS.get(id(obj))
+    return dict(found[1]) if found is not None and found[0]() is obj else None
 
 
 def recipe_arguments_of(config: TrainerConfig | dict[str, Any], *, keep_files: bool = True,
@@ -560,9 +578,9 @@ def to_config(trainer_settings: TrainerSettings, state: State, microbatch_size: 
     for field in ("algorithms", "callbacks", "loggers"):
         specs = []
         for obj in settings.as_list(arguments[field]):
-            given = getattr(obj, "_config_spec", None)
+            given = _spec_of(obj)
             if given is not None:
-                specs.append(dict(given))
+                specs.append(given)
                 continue
             name = registry.REGISTRIES[field].name_of(type(obj))
             if name is None:

@@ -57,14 +57,15 @@ class EvalRunner(Callback):
         if not self._own:
             self.evaluators = evaluators
 
-    def _rule(self, evaluator: Evaluator) -> Any:
+    def rule(self, evaluator: Evaluator) -> Any:
+        """When ``evaluator`` runs: its own ``eval_interval``, else this runner's."""
         return evaluator.eval_interval if evaluator.eval_interval is not None else self.eval_interval
 
     def next_due(self, timestamp: Timestamp) -> int | None:
         """The next batch count an evaluation may fall on (grouped calls stop there)."""
         due = None
         for evaluator in self.evaluators:
-            interval = getattr(self._rule(evaluator), "interval", None)
+            interval = getattr(self.rule(evaluator), "interval", None)
             if interval is None:  # a callable: it may want any batch
                 return timestamp.counts.batch + 1
             if interval.unit in (TimeUnit.EPOCH, TimeUnit.ITERATION) or interval.value == 0:
@@ -80,7 +81,7 @@ class EvalRunner(Callback):
     def _run(self, state: State, event: Event) -> bool:
         if not self.evaluators:
             return False
-        executing = [evaluator for evaluator in self.evaluators if self._rule(evaluator)(state, event)]
+        executing = [evaluator for evaluator in self.evaluators if self.rule(evaluator)(state, event)]
         if not executing:
             return False
         if self._evaluate is None:
