@@ -10,12 +10,13 @@ compile serves every draw.
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 
-from composerjax import Algorithm, Event, Logger, State
-from composerjax.algorithms.mixup import loss_with_targets, num_classes_of
+from composerjax import State
+from composerjax.algorithms.mixing import BatchMixing, mix_dense_targets
 
 __all__ = ["CutMix", "box_mask", "cutmix_batch", "cutmix_box", "cutmix_sample", "cutmix_targets"]
 
@@ -151,16 +152,10 @@ def cutmix_targets(
         >>> cutmix_targets(jnp.array([0, 1]), 0.75, jnp.array([1, 0]), num_classes=2).tolist()
         [[0.75, 0.25], [0.25, 0.75]]
     """
-    if jnp.issubdtype(target.dtype, jnp.floating):
-        dense = target.astype(jnp.float32)
-    else:
-        if num_classes is None:
-            raise ValueError("cutmix_targets: integer labels need num_classes to be one-hot encoded")
-        dense = jax.nn.one_hot(target, num_classes, dtype=jnp.float32)
-    return adjusted_lambda * dense + (1.0 - adjusted_lambda) * dense[indices]
+    return mix_dense_targets(target, adjusted_lambda, indices, num_classes, "cutmix_targets")
 
 
-class CutMix(Algorithm):
+class CutMix(BatchMixing):
     """Train on images with a random box replaced by the same box of a paired image from the batch.
 
     Runs inside the compiled step. At ``BEFORE_FORWARD`` it draws ``(bbox, indices)`` with
@@ -201,6 +196,9 @@ class CutMix(Algorithm):
         trainer.fit()
     """
 
+    label = "CutMix"
+    targets_function = staticmethod(cutmix_targets)
+
     def __init__(
         self,
         alpha: float = 1.0,
@@ -212,71 +210,44 @@ class CutMix(Algorithm):
     ) -> None:
         if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not alpha > 0:
             raise ValueError(f"alpha={alpha!r}: expected a number > 0 (the Beta distribution's concentration)")
-        for name, flag in (("interpolate_loss", interpolate_loss), ("uniform_sampling", uniform_sampling)):
-            if not isinstance(flag, bool):
-                raise ValueError(f"{name}={flag!r}: expected True or False")
-        for name, key in (("input_key", input_key), ("target_key", target_key)):
-            if isinstance(key, bool) or not isinstance(key, (int, str)):
-                raise ValueError(f"{name}={key!r}: expected an int index or a str key into the batch")
-        if num_classes is not None and (
-            isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2
-        ):
-            raise ValueError(f"num_classes={num_classes!r}: expected None or an integer >= 2")
+        super().__init__(interpolate_loss, input_key, target_key, num_classes, uniform_sampling=uniform_sampling)
         self.alpha = float(alpha)
-        self.interpolate_loss = interpolate_loss
-        self.interpolates_loss = interpolate_loss  # read by the engine's loss-interpolation warning
         self.uniform_sampling = uniform_sampling
-        self.input_key, self.target_key = input_key, target_key
-        self.num_classes = num_classes
 
-    @property
-    def _stash(self) -> str:
-        # (adjusted_lambda, indices, mask) live on the step's traced view from BEFORE_FORWARD to the
-        # loss events; the view is dropped when the trace ends, so no tracer outlives it.
-        return f"_{self.name}_lambda_indices_mask"
+    def mix_inputs(self, state: State, inputs: jax.Array, targets: jax.Array) -> tuple[jax.Array, tuple[Any, ...]]:
+        """Paste the box from each image's partner; stash ``(adjusted_lambda, indices, box mask)``."""
+        if inputs.ndim < 3:
+            raise ValueError(f"CutMix: the inputs have shape {inputs.shape}; expected images (N, H, W) or "
+                             "(N, H, W, C)")
+        batch_size, height, width = inputs.shape[:3]
+        bbox, indices = cutmix_sample(self.sample_key(state.step_rng), batch_size, height, width, self.alpha,
+                                      self.uniform_sampling)
+        mixed, _, adjusted_lambda = cutmix_batch(inputs, targets, bbox, indices)
+        return mixed, (adjusted_lambda, indices, box_mask(bbox, height, width))
 
-    events = frozenset({Event.BEFORE_FORWARD, Event.BEFORE_LOSS, Event.BEFORE_BACKWARD})
+    def mixed_targets(self, state: State, targets: jax.Array, weight: jax.Array, indices: jax.Array,
+                      *extra: Any) -> jax.Array:
+        """Targets with the images' height and width (masks) get the box pasted; others are mixed by area."""
+        (mask,) = extra
+        if _spatial(targets, mask):
+            box = mask.reshape((1, *mask.shape) + (1,) * (targets.ndim - 3))
+            return jnp.where(box, targets[indices], targets)
+        return super().mixed_targets(state, targets, weight, indices)
 
-    def match(self, event: Event, state: State) -> bool:
-        """Run at ``BEFORE_FORWARD``, then ``BEFORE_LOSS`` (targets) or ``BEFORE_BACKWARD`` (loss)."""
-        if self.interpolate_loss:
-            return event in (Event.BEFORE_FORWARD, Event.BEFORE_BACKWARD)
-        return event in (Event.BEFORE_FORWARD, Event.BEFORE_LOSS)
-
-    def apply(self, event: Event, state: State, logger: Logger) -> None:
-        """Paste the box into the images; then mix the targets or the loss."""
-        if event == Event.BEFORE_FORWARD:
-            images, targets = state.batch_get_item(self.input_key), state.batch_get_item(self.target_key)
-            if images.ndim < 3:
-                raise ValueError(f"CutMix: the inputs have shape {images.shape}; expected images (N, H, W) or "
-                                 "(N, H, W, C)")
-            batch_size, height, width = images.shape[:3]
-            bbox, indices = cutmix_sample(self.sample_key(state.step_rng), batch_size, height, width, self.alpha,
-                                          self.uniform_sampling)
-            mixed, _, adjusted_lambda = cutmix_batch(images, targets, bbox, indices)
-            state.batch_set_item(self.input_key, mixed)
-            setattr(state, self._stash, (adjusted_lambda, indices, box_mask(bbox, height, width)))
-            return
-        adjusted_lambda, indices, mask = getattr(state, self._stash)
-        targets = state.batch_get_item(self.target_key)
-        spatial = targets.ndim >= 3 and tuple(targets.shape[1:3]) == mask.shape
-        if event == Event.BEFORE_LOSS:
-            if spatial:
-                box = mask.reshape((1, *mask.shape) + (1,) * (targets.ndim - 3))
-                state.batch_set_item(self.target_key, jnp.where(box, targets[indices], targets))
-                return
-            num_classes = num_classes_of(state.outputs, self.num_classes)
-            if isinstance(state.outputs, jax.Array) and targets.ndim == state.outputs.ndim:
-                targets = targets.astype(jnp.float32)  # dense targets, whatever their dtype
-            state.batch_set_item(self.target_key, cutmix_targets(targets, adjusted_lambda, indices, num_classes))
-        elif event == Event.BEFORE_BACKWARD:
-            if spatial:
-                raise ValueError("CutMix(interpolate_loss=True) cannot interpolate the loss of targets with the "
-                                 f"images' height and width (shape {targets.shape}); use interpolate_loss=False")
-            permuted_loss = loss_with_targets(state, self.target_key, targets[indices], "CutMix")
-            state.loss = adjusted_lambda * state.loss + (1.0 - adjusted_lambda) * permuted_loss
+    def permuted_loss(self, state: State, targets: jax.Array, indices: jax.Array, *extra: Any) -> jax.Array:
+        """The loss against the partners' targets; refused for targets with the images' height and width."""
+        (mask,) = extra
+        if _spatial(targets, mask):
+            raise ValueError("CutMix(interpolate_loss=True) cannot interpolate the loss of targets with the "
+                             f"images' height and width (shape {targets.shape}); use interpolate_loss=False")
+        return super().permuted_loss(state, targets, indices)
 
     def __repr__(self) -> str:
         return (f"CutMix(alpha={self.alpha}, interpolate_loss={self.interpolate_loss}, "
                 f"uniform_sampling={self.uniform_sampling}, input_key={self.input_key!r}, "
                 f"target_key={self.target_key!r}, num_classes={self.num_classes!r})")
+
+
+def _spatial(targets: jax.Array, mask: jax.Array) -> bool:
+    """Targets with the images' height and width (segmentation masks), which the box is pasted into."""
+    return targets.ndim >= 3 and tuple(targets.shape[1:3]) == mask.shape

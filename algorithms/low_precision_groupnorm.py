@@ -15,7 +15,12 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from composerjax.algorithms.low_precision_layernorm import LowPrecisionNorm, replace_norms
+from composerjax.algorithms.low_precision_layernorm import (
+    LowPrecisionLayer,
+    LowPrecisionNorm,
+    low_precision_layer_norm,
+    replace_norms,
+)
 
 __all__ = ["LPGroupNorm", "LowPrecisionGroupNorm", "apply_low_precision_groupnorm", "low_precision_group_norm"]
 
@@ -46,10 +51,8 @@ def low_precision_group_norm(
     low = x.astype(dtype)
     grouped = low.reshape((*x.shape[:-1], num_groups, channels // num_groups))
     axes = (*range(1, x.ndim - 1), x.ndim)  # the axes between batch and channels, and the group's channels
-    mean = jnp.mean(grouped, axis=axes, keepdims=True)
-    centered = grouped - mean
-    variance = jnp.mean(centered * centered, axis=axes, keepdims=True)
-    y = (centered * jax.lax.rsqrt(variance + jnp.asarray(epsilon, dtype))).reshape(low.shape)
+    # each group is a LayerNorm without parameters (computed in dtype); the affine part is per channel
+    y = low_precision_layer_norm(grouped, None, None, epsilon, dtype, axes).reshape(low.shape)
     if scale is not None:
         y = y * scale.astype(dtype)
     if bias is not None:
@@ -57,7 +60,7 @@ def low_precision_group_norm(
     return y.astype(x.dtype)
 
 
-class LPGroupNorm(nnx.Module):
+class LPGroupNorm(LowPrecisionLayer):
     """A GroupNorm that computes in a low-precision dtype, holding the original layer's ``scale`` and ``bias``.
 
     The parameters keep their names and dtype, so the parameter tree (and a checkpoint of it) is
@@ -70,16 +73,12 @@ class LPGroupNorm(nnx.Module):
     """
 
     def __init__(self, group_norm: nnx.GroupNorm, dtype: Any = jnp.bfloat16) -> None:
-        self.scale = group_norm.scale
-        self.bias = group_norm.bias
+        super().__init__(group_norm, dtype)
         self.num_groups = group_norm.num_groups
         self.group_size = group_norm.group_size
-        self.epsilon = group_norm.epsilon
-        self.compute_dtype = dtype
 
-    def __call__(self, x: jax.Array) -> jax.Array:
-        scale = self.scale[...] if self.scale is not None else None
-        bias = self.bias[...] if self.bias is not None else None
+    def normalize(self, x: jax.Array, scale: jax.Array | None, bias: jax.Array | None) -> jax.Array:
+        """:func:`low_precision_group_norm` of ``x`` in the layer's groups."""
         return low_precision_group_norm(x, self.num_groups, scale, bias, self.epsilon, self.compute_dtype)
 
 
@@ -111,16 +110,14 @@ class LowPrecisionGroupNorm(LowPrecisionNorm):
     ``'fp32'`` run it has no effect and warns. ``precision='bf16'`` (or ``'fp16'``) forces that dtype
     whatever the run's precision.
 
-    ``run_last = True``: the default passes order it after every other algorithm at its event, so at
-    ``INIT`` it also converts GroupNorms that other surgery creates. At ``BEFORE_LOAD`` /
-    ``AFTER_LOAD`` (after the device state is built) it hands the edited model back with
-    ``state.update_model()``. Logs ``low_precision_groupnorm/num_replacements``.
+    It runs last at its event and hands a model edited after the device state is built back with
+    ``state.update_model()``, as :class:`~composerjax.algorithms.low_precision_layernorm.LowPrecisionLayerNorm`
+    does (both are a :class:`~composerjax.algorithms.low_precision_layernorm.LowPrecisionNorm`). Logs
+    ``low_precision_groupnorm/num_replacements``.
 
     Args:
-        apply_at: the event of the surgery: ``Event.INIT`` (default), ``Event.BEFORE_LOAD`` or
-            ``Event.AFTER_LOAD`` (or their names, ``'init'``...), as in Composer.
-        precision: None (default, Composer's behaviour): the run's precision decides. ``'bf16'`` or
-            ``'fp16'``: always that dtype.
+        apply_at: ``Event.INIT`` (default), ``Event.BEFORE_LOAD`` or ``Event.AFTER_LOAD`` (or its name).
+        precision: None (default): the run's precision decides; ``'bf16'`` or ``'fp16'`` forces that dtype.
 
     Example::
 

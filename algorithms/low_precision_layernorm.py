@@ -23,6 +23,7 @@ from composerjax.models.surgery import replace_modules
 __all__ = [
     "SURGERY_EVENTS",
     "LPLayerNorm",
+    "LowPrecisionLayer",
     "LowPrecisionLayerNorm",
     "LowPrecisionNorm",
     "apply_low_precision_layernorm",
@@ -106,7 +107,31 @@ def low_precision_layer_norm(
     return y.astype(x.dtype)
 
 
-class LPLayerNorm(nnx.Module):
+class LowPrecisionLayer(nnx.Module):
+    """Base of the low-precision norm layers: the original layer's ``scale`` and ``bias``, computed in ``dtype``.
+
+    The parameters keep their names and dtype, so the parameter tree (and a checkpoint of it) is
+    the same as the original layer's. A subclass copies its own settings and implements
+    :meth:`normalize`.
+    """
+
+    def __init__(self, norm: Any, dtype: Any = jnp.bfloat16) -> None:
+        self.scale = norm.scale
+        self.bias = norm.bias
+        self.epsilon = norm.epsilon
+        self.compute_dtype = dtype
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        scale = self.scale[...] if self.scale is not None else None
+        bias = self.bias[...] if self.bias is not None else None
+        return self.normalize(x, scale, bias)
+
+    def normalize(self, x: jax.Array, scale: jax.Array | None, bias: jax.Array | None) -> jax.Array:
+        """The layer's function of ``x`` with the parameters' values (None where the layer has none)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement normalize(x, scale, bias)")
+
+
+class LPLayerNorm(LowPrecisionLayer):
     """A LayerNorm that computes in a low-precision dtype, holding the original layer's ``scale`` and ``bias``.
 
     The parameters keep their names and dtype, so the parameter tree (and a checkpoint of it) is
@@ -119,16 +144,12 @@ class LPLayerNorm(nnx.Module):
     """
 
     def __init__(self, layer_norm: nnx.LayerNorm, dtype: Any = jnp.bfloat16) -> None:
-        self.scale = layer_norm.scale
-        self.bias = layer_norm.bias
+        super().__init__(layer_norm, dtype)
         self.num_features = layer_norm.num_features
-        self.epsilon = layer_norm.epsilon
         self.reduction_axes = layer_norm.reduction_axes
-        self.compute_dtype = dtype
 
-    def __call__(self, x: jax.Array) -> jax.Array:
-        scale = self.scale[...] if self.scale is not None else None
-        bias = self.bias[...] if self.bias is not None else None
+    def normalize(self, x: jax.Array, scale: jax.Array | None, bias: jax.Array | None) -> jax.Array:
+        """:func:`low_precision_layer_norm` of ``x`` over the layer's reduction axes."""
         return low_precision_layer_norm(x, scale, bias, self.epsilon, self.compute_dtype, self.reduction_axes)
 
 

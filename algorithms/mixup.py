@@ -8,11 +8,13 @@ applies them inside the compiled train step with the step's random key.
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 
-from composerjax import Algorithm, Event, Logger, State
+from composerjax import State
+from composerjax.algorithms.mixing import BatchMixing, mix_dense_targets
 
 __all__ = ["MixUp", "mixup_batch", "mixup_sample", "mixup_targets"]
 
@@ -90,16 +92,10 @@ def mixup_targets(
         >>> mixup_targets(jnp.array([0, 1]), 0.75, jnp.array([1, 0]), num_classes=2).tolist()
         [[0.75, 0.25], [0.25, 0.75]]
     """
-    if jnp.issubdtype(target.dtype, jnp.floating):
-        dense = target.astype(jnp.float32)
-    else:
-        if num_classes is None:
-            raise ValueError("mixup_targets: integer labels need num_classes to be one-hot encoded")
-        dense = jax.nn.one_hot(target, num_classes, dtype=jnp.float32)
-    return mixing * dense + (1.0 - mixing) * dense[indices]
+    return mix_dense_targets(target, mixing, indices, num_classes, "mixup_targets")
 
 
-class MixUp(Algorithm):
+class MixUp(BatchMixing):
     """Train on convex combinations of each example with a randomly paired one from the same batch.
 
     Runs inside the compiled step. At ``BEFORE_FORWARD`` it draws ``(mixing, indices)`` with
@@ -140,6 +136,9 @@ class MixUp(Algorithm):
         trainer.fit()
     """
 
+    label = "MixUp"
+    targets_function = staticmethod(mixup_targets)
+
     def __init__(
         self,
         alpha: float = 0.2,
@@ -150,55 +149,15 @@ class MixUp(Algorithm):
     ) -> None:
         if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not alpha >= 0:
             raise ValueError(f"alpha={alpha!r}: expected a number >= 0 (the Beta distribution's concentration)")
-        if not isinstance(interpolate_loss, bool):
-            raise ValueError(f"interpolate_loss={interpolate_loss!r}: expected True or False")
-        for name, key in (("input_key", input_key), ("target_key", target_key)):
-            if isinstance(key, bool) or not isinstance(key, (int, str)):
-                raise ValueError(f"{name}={key!r}: expected an int index or a str key into the batch")
-        if num_classes is not None and (
-            isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2
-        ):
-            raise ValueError(f"num_classes={num_classes!r}: expected None or an integer >= 2")
+        super().__init__(interpolate_loss, input_key, target_key, num_classes)
         self.alpha = float(alpha)
-        self.interpolate_loss = interpolate_loss
-        self.interpolates_loss = interpolate_loss  # read by the engine's loss-interpolation warning
-        self.input_key, self.target_key = input_key, target_key
-        self.num_classes = num_classes
 
-    @property
-    def _stash(self) -> str:
-        # (mixing, indices) live on the step's traced view from BEFORE_FORWARD to the loss events;
-        # the view is dropped when the trace ends, so no tracer outlives it.
-        return f"_{self.name}_mixing_and_indices"
-
-    events = frozenset({Event.BEFORE_FORWARD, Event.BEFORE_LOSS, Event.BEFORE_BACKWARD})
-
-    def match(self, event: Event, state: State) -> bool:
-        """Run at ``BEFORE_FORWARD``, then ``BEFORE_LOSS`` (targets) or ``BEFORE_BACKWARD`` (loss)."""
-        if self.interpolate_loss:
-            return event in (Event.BEFORE_FORWARD, Event.BEFORE_BACKWARD)
-        return event in (Event.BEFORE_FORWARD, Event.BEFORE_LOSS)
-
-    def apply(self, event: Event, state: State, logger: Logger) -> None:
-        """Mix the inputs; then the targets or the loss."""
-        if event == Event.BEFORE_FORWARD:
-            inputs, targets = state.batch_get_item(self.input_key), state.batch_get_item(self.target_key)
-            _refuse_token_ids(inputs, targets)
-            mixing, indices = mixup_sample(self.sample_key(state.step_rng), inputs.shape[0], self.alpha)
-            mixed, _ = mixup_batch(inputs, targets, mixing, indices)
-            state.batch_set_item(self.input_key, mixed)
-            setattr(state, self._stash, (mixing, indices))
-            return
-        mixing, indices = getattr(state, self._stash)
-        targets = state.batch_get_item(self.target_key)
-        if event == Event.BEFORE_LOSS:
-            num_classes = num_classes_of(state.outputs, self.num_classes)
-            if isinstance(state.outputs, jax.Array) and targets.ndim == state.outputs.ndim:
-                targets = targets.astype(jnp.float32)  # dense targets, whatever their dtype
-            state.batch_set_item(self.target_key, mixup_targets(targets, mixing, indices, num_classes))
-        elif event == Event.BEFORE_BACKWARD:
-            permuted_loss = loss_with_targets(state, self.target_key, targets[indices], "MixUp")
-            state.loss = mixing * state.loss + (1.0 - mixing) * permuted_loss
+    def mix_inputs(self, state: State, inputs: jax.Array, targets: jax.Array) -> tuple[jax.Array, tuple[Any, ...]]:
+        """``mixing * x + (1 - mixing) * x[indices]``, with ``(mixing, indices)`` drawn from the step's key."""
+        _refuse_token_ids(inputs, targets)
+        mixing, indices = mixup_sample(self.sample_key(state.step_rng), inputs.shape[0], self.alpha)
+        mixed, _ = mixup_batch(inputs, targets, mixing, indices)
+        return mixed, (mixing, indices)
 
     def __repr__(self) -> str:
         return (f"MixUp(alpha={self.alpha}, interpolate_loss={self.interpolate_loss}, input_key={self.input_key!r}, "
@@ -213,27 +172,3 @@ def _refuse_token_ids(inputs: jax.Array, targets: jax.Array) -> None:
             "per position, i.e. token ids, which cannot be interpolated (a language model looks them up in an "
             "embedding). MixUp is for images and float features: remove it from a language-model run")
 
-
-def num_classes_of(outputs: object, num_classes: int | None) -> int | None:
-    """The number of classes: the logits' last dimension, checked against ``num_classes`` if both exist."""
-    if isinstance(outputs, jax.Array):
-        found = outputs.shape[-1]
-        if num_classes is not None and num_classes != found:
-            raise ValueError(f"num_classes={num_classes}, but the model's outputs have {found} classes "
-                             f"(shape {outputs.shape})")
-        return found
-    return num_classes
-
-
-def loss_with_targets(state: State, target_key: int | str, targets: jax.Array, algorithm: str) -> jax.Array:
-    """The model's loss on ``state.outputs`` against the batch with its targets replaced by ``targets``."""
-    loss_fn = getattr(state.model, "loss", None)
-    if state.outputs is None or not callable(loss_fn):
-        raise TypeError(
-            f"{algorithm}(interpolate_loss=True) needs a ComposerModel (such as ComposerClassifier) whose "
-            "loss(outputs, batch) it can call again; with a plain module and loss_fn use interpolate_loss=False"
-        )
-    batch = state.batch
-    state.batch_set_item(target_key, targets)
-    permuted_batch, state.batch = state.batch, batch
-    return jnp.asarray(loss_fn(state.outputs, permuted_batch), jnp.float32)

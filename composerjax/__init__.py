@@ -20,6 +20,7 @@ from composerjax import dist
 if dist.launched():
     dist.initialize()
 
+from composerjax._version import __version__ as __version__  # one home, read by the lower layers too
 from composerjax.core import (
     DEFAULT_PASSES,
     Algorithm,
@@ -46,8 +47,6 @@ from composerjax.trainer import BatchError, CheckpointMismatchError, Trainer, Tr
 # JAX's persistent compilation cache, on before the model is built (its initialisation compiles too);
 # COMPOSERJAX_COMPILATION_CACHE=0 leaves it off, Trainer(compilation_cache=...) picks another folder.
 switch_on_at_import()
-
-__version__ = "0.1.0"
 
 __all__ = [
     "DEFAULT_PASSES",

@@ -24,16 +24,11 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from composerjax.cli_common import HelpFormatter, UsageError, add_debug
+from composerjax.cli_run import METRICS_FILE, read_jsonl, run_file
+
 __all__ = ["main", "build_parser", "NONFINITE_LOSS_STATUS", "train_command", "explain_command", "traces_command",
            "plot_command", "launch_command", "UsageError"]
-
-TRACES_FILE = "traces.jsonl"
-METRICS_FILE = "metrics.jsonl"
-
-
-class UsageError(Exception):
-    """Invalid input for a subcommand: reported as ``composerjax <command>: error: <message>``, exit status 2."""
-
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line with ``argv`` (default ``sys.argv[1:]``) and return the exit status.
@@ -68,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
             "Hugging Face folder (export). 'composerjax COMMAND --help' describes each command."
         ),
         epilog=_EXIT_STATUSES + "\n\nexample: composerjax train examples/digits_speedup.yaml --set max_duration=1ep",
-        formatter_class=_HelpFormatter,
+        formatter_class=HelpFormatter,
     )
     parser.add_argument("--debug", dest="global_debug", action="store_true",
                         help="show the full traceback of an unexpected error instead of a one-line message")
@@ -78,32 +73,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-class _HelpFormatter(argparse.HelpFormatter):
-    """Wraps one-line paragraphs (descriptions) and keeps multi-line ones (exit statuses, examples) as written."""
-
-    def _fill_text(self, text: str, width: int, indent: str) -> str:
-        import textwrap
-
-        paragraphs = []
-        for paragraph in text.split("\n\n"):
-            if "\n" in paragraph:
-                paragraphs.append("\n".join(indent + line for line in paragraph.splitlines()))
-            else:
-                paragraphs.append(textwrap.fill(paragraph, width, initial_indent=indent, subsequent_indent=indent))
-        return "\n\n".join(paragraphs)
-
-
 _EXIT_STATUSES = """exit statuses:
   0    success
   1    an unexpected error (one line; --debug shows the traceback)
   2    bad input: a recipe or --set with problems (every one listed), a missing or unreadable file or
        folder, a data batch the model cannot train on (e.g. labels outside [0, num_classes))"""
-
-
-def _add_debug(parser: argparse.ArgumentParser) -> None:
-    # SUPPRESS: when not given here, the top-level `composerjax --debug` value is kept.
-    parser.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
-                        help="show the full traceback of an unexpected error instead of a one-line message")
 
 
 def _add_recipe_arguments(parser: argparse.ArgumentParser) -> None:
@@ -117,7 +91,7 @@ def _add_recipe_arguments(parser: argparse.ArgumentParser) -> None:
                              "--set algorithms[0].mixup.alpha=0.4. Every Trainer argument is a key: "
                              "--set steps_per_call=8 --set handle_signals=false "
                              "--set tokens_per_batch=package.module:function")
-    _add_debug(parser)
+    add_debug(parser)
 
 
 def _load_recipe(args: argparse.Namespace) -> Any:
@@ -151,7 +125,7 @@ def _add_train(subparsers: Any) -> None:
                                 "  composerjax train examples/digits_baseline.yaml\n"
                                 "  composerjax train examples/digits_speedup.yaml --set max_duration=2ep "
                                 "--set progress_bar=false",
-        formatter_class=_HelpFormatter,
+        formatter_class=HelpFormatter,
     )
     _add_recipe_arguments(parser)
     parser.set_defaults(handler=train_command)
@@ -254,7 +228,7 @@ def _add_explain(subparsers: Any) -> None:
         epilog=_EXIT_STATUSES + "\n\nexamples:\n"
                                 "  composerjax explain examples/digits_speedup.yaml\n"
                                 "  composerjax explain examples/gpt_pydoc.yaml --json",
-        formatter_class=_HelpFormatter,
+        formatter_class=HelpFormatter,
     )
     _add_recipe_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print the explanation as JSON instead of text")
@@ -316,18 +290,18 @@ def _add_plot(subparsers: Any) -> None:
         ),
         epilog=_EXIT_STATUSES.replace("(one line;", "or matplotlib missing (one line;")
         + "\n\nexample: composerjax plot runs/digits-baseline --out charts/",
-        formatter_class=_HelpFormatter,
+        formatter_class=HelpFormatter,
     )
     parser.add_argument("run_dir", metavar="RUN_DIR", help="a run folder holding metrics.jsonl (or the file itself)")
     parser.add_argument("--out", metavar="DIR", help="where to write the PNG files (default: RUN_DIR/plots)")
-    _add_debug(parser)
+    add_debug(parser)
     parser.set_defaults(handler=plot_command)
 
 
 def plot_command(args: argparse.Namespace) -> int:
     """``composerjax plot RUN_DIR [--out DIR]``."""
-    path = _run_file(args.run_dir, METRICS_FILE, "metrics")
-    series = _read_metric_series(_read_jsonl(path))
+    path = run_file(args.run_dir, METRICS_FILE, "metrics")
+    series = _read_metric_series(read_jsonl(path))
     charts = [(file_name, title, {name: points for name, points in series.items() if belongs(name)})
               for file_name, title, belongs in _CHARTS]
     charts = [chart for chart in charts if chart[2]]
@@ -404,7 +378,7 @@ def _add_launch(subparsers: Any) -> None:
             "  2    bad arguments (N < 1, a missing SCRIPT, a port out of range)\n\n"
             "example: composerjax launch -n 2 --devices-per-process 4 train.py --epochs 3"
         ),
-        formatter_class=_HelpFormatter,
+        formatter_class=HelpFormatter,
     )
     parser.add_argument("-n", "--num-processes", type=int, required=True, metavar="N",
                         help="how many processes to start (ranks 0..N-1)")
@@ -419,7 +393,7 @@ def _add_launch(subparsers: Any) -> None:
                         help="once any process has called composerjax.parallel.heartbeat.heartbeat(), stop the job "
                              "when one has "
                              "not for SECONDS (since its start until its first beat); 0 disables (default: 1800)")
-    _add_debug(parser)
+    add_debug(parser)
     parser.add_argument("script", metavar="SCRIPT", help="the Python script every process runs")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, metavar="ARGS",
                         help="arguments passed on to SCRIPT (options after SCRIPT belong to it)")
@@ -439,44 +413,6 @@ def launch_command(args: argparse.Namespace) -> int:
             option = "--" + name.removesuffix("_s").replace("_", "-")
             message = message.replace(f"`{name}`", option)
         raise UsageError(message) from None
-
-
-# -- shared ----------------------------------------------------------------------------------------
-def _run_file(run: str, file_name: str, what: str) -> str:
-    """The path of ``file_name`` in run folder ``run`` (or ``run`` itself when it is that file)."""
-    if os.path.isfile(run):
-        return run
-    if not os.path.isdir(run):
-        raise UsageError(f"{run}: no such run folder")
-    path = os.path.join(run, file_name)
-    if not os.path.isfile(path):
-        hint = {"traces": "record it with composerjax.callbacks.trace_recorder.TraceRecorder",
-                "metrics": "write it with composerjax.loggers.FileLogger(os.path.join(run_dir, 'metrics.jsonl'))"}
-        raise UsageError(f"{run} has no {file_name} ({hint[what]})")
-    return path
-
-
-def _read_jsonl(path: str) -> list[tuple[str, int, dict[str, Any]]]:
-    """``(path, line number, object)`` for each non-blank line of a JSON-lines file, resume markers left out."""
-    from composerjax.loggers.jsonl_resume import is_resume_marker  # {"resumed_from": ..., "batch": N} lines
-
-    records = []
-    try:
-        with open(path, encoding="utf-8") as file:
-            for number, line in enumerate(file, 1):
-                if not line.strip():
-                    continue
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as error:
-                    raise UsageError(f"{path}:{number}: not a JSON line ({error.msg})") from None
-                if not isinstance(record, dict):
-                    raise UsageError(f"{path}:{number}: expected a JSON object, got {type(record).__name__}")
-                if not is_resume_marker(record):
-                    records.append((path, number, record))
-    except OSError as error:
-        raise UsageError(f"{path}: cannot read: {error.strerror}") from None
-    return records
 
 
 def _add_generate(subparsers: Any) -> None:

@@ -23,7 +23,8 @@ import shutil
 import sys
 from typing import Any
 
-from composerjax.cli import UsageError, _add_debug, _HelpFormatter
+from composerjax.cli_common import HelpFormatter, UsageError, add_debug
+from composerjax.cli_run import load_weights, model_after_init, run_recipe, save_folder
 
 __all__ = ["TOKENIZER_FILES", "add_export", "export_command", "model_after_init"]
 
@@ -54,7 +55,7 @@ def add_export(subparsers: Any) -> None:
         epilog=_EXIT_STATUSES_EXPORT + "\n\nexamples:\n"
           "  composerjax export runs/finetune-llama runs/finetune-llama/hf\n"
           "  composerjax export runs/finetune-llama runs/finetune-llama/adapter --adapter",
-        formatter_class=_HelpFormatter,
+        formatter_class=HelpFormatter,
     )
     parser.add_argument("run_dir", metavar="RUN_DIR", help="a run folder written by 'composerjax train'")
     parser.add_argument("out_dir", metavar="OUT_DIR", help="the Hugging Face folder to write (created if missing)")
@@ -65,24 +66,22 @@ def add_export(subparsers: Any) -> None:
                         help="write only the LoRA adapters, as a PEFT adapter folder (adapter_config.json and "
                              "adapter_model.safetensors), instead of merging them into the weights")
     parser.add_argument("--overwrite", action="store_true", help="write into an OUT_DIR that already has files")
-    _add_debug(parser)
+    add_debug(parser)
     parser.set_defaults(handler=export_command)
 
 
 def export_command(args: argparse.Namespace) -> int:
     """``composerjax export RUN_DIR OUT_DIR [--checkpoint PATH] [--adapter] [--overwrite]``."""
-    from composerjax.cli_generate import _load_weights, _run_recipe, _save_folder
-
     out_dir = os.fspath(args.out_dir)
     if os.path.isfile(out_dir):
         raise UsageError(f"OUT_DIR={out_dir!r} is a file: expected a folder to write the model into")
     if os.path.isdir(out_dir) and os.listdir(out_dir) and not args.overwrite:
         raise UsageError(f"OUT_DIR={out_dir!r} already has files: expected a new or empty folder (or --overwrite)")
-    config = _run_recipe(args.run_dir)
+    config = run_recipe(args.run_dir)
     model = model_after_init(config)
-    checkpoint = args.checkpoint if args.checkpoint is not None else _save_folder(config, args.run_dir)
+    checkpoint = args.checkpoint if args.checkpoint is not None else save_folder(config, args.run_dir)
     field = "--checkpoint" if args.checkpoint is not None else "save_folder"
-    model, batch = _load_weights(model, checkpoint, field)
+    model, batch = load_weights(model, checkpoint, field)
     module = getattr(model, "module", model)
     try:
         from composerjax.models.hf import save_pretrained
@@ -95,37 +94,6 @@ def export_command(args: argparse.Namespace) -> int:
     print(f"composerjax export: the {what} of batch {batch} from {checkpoint} written to {out_dir}"
           + (f" with {', '.join(copied)}" if copied else " (no tokenizer files found to copy)"), file=sys.stderr)
     return 0
-
-
-def model_after_init(config: Any) -> Any:
-    """The recipe's model, untrained, after the recipe's algorithms' surgery at ``Event.INIT``.
-
-    A checkpoint of a run whose algorithms changed the model at INIT (``LoRA``,
-    ``GatedLinearUnits``, ``Alibi``) holds the changed model's arrays: this is the model they fit.
-    No optimizer, data, loggers or callbacks are built.
-
-    Raises:
-        UsageError: the recipe's model or an algorithm cannot be built (the message names the field).
-    """
-    from composerjax.core.engine import Engine
-    from composerjax.core.event import Event
-    from composerjax.core.state import State
-    from composerjax.loggers.logger import Logger
-    from composerjax.trainer.config import ConfigError, _instantiate
-
-    try:
-        model = _instantiate("models", config.model)
-        algorithms = [_instantiate("algorithms", spec, f"algorithms[{index}].{spec.name}")
-                      for index, spec in enumerate(config.algorithms)]
-    except ConfigError as error:
-        raise UsageError(str(error)) from None
-    if algorithms:
-        state = State(model=model, algorithms=algorithms)
-        engine = Engine(state, logger=Logger(state))
-        engine.events_check = "off"
-        engine.run_event(Event.INIT)
-        model = state.model
-    return model
 
 
 def _copy_tokenizer(config: Any, run_dir: str, out_dir: str) -> list[str]:

@@ -21,12 +21,10 @@ import os
 import sys
 from typing import Any
 
-from composerjax.cli import UsageError, _add_debug, _HelpFormatter
+from composerjax.cli_common import HelpFormatter, UsageError, add_debug
+from composerjax.cli_run import RECIPE_FILE, load_model_weights, load_weights, model_after_init, run_recipe, save_folder
 
 __all__ = ["RECIPE_FILE", "add_generate", "generate_command", "load_model_weights", "write_run_recipe"]
-
-#: The recipe a run ran, in its run folder (written by ``composerjax train``, read by ``composerjax generate``).
-RECIPE_FILE = "recipe.yaml"
 
 _EXIT_STATUSES_GENERATE = """exit statuses:
   0    success
@@ -66,51 +64,6 @@ def write_run_recipe(trainer: Any) -> str | None:
     return path
 
 
-def load_model_weights(model: Any, path: str, field: str = "load_path") -> tuple[Any, int]:
-    """``(model with the checkpoint's weights, the batch it recorded)``; no Trainer, data or optimizer needed.
-
-    ``path`` is what ``Trainer(load_path=...)`` takes: a save folder (its newest checkpoint that reads
-    back intact), one checkpoint's folder, or its ``latest`` link. The checkpoint is read as
-    ``load_weights_only=True`` reads it: names and shapes checked against ``model``'s, checksums
-    verified. ``model`` is the module the Trainer trained (e.g. the ``ComposerClassifier`` a model
-    factory returns); a new module is returned and ``model`` is left as it was.
-
-    Raises:
-        FileNotFoundError: no checkpoint at ``path`` (the message names the folder searched).
-        CheckpointMismatchError: the checkpoint's arrays do not fit ``model`` (every difference listed).
-        CheckpointCorruptError: no checkpoint there reads back as written.
-
-    Example::
-
-        model, batch = load_model_weights(gpt2("gpt2-tiny"), "runs/my-run/checkpoints")
-    """
-    import jax.numpy as jnp
-
-    from composerjax.checkpoint.checkpointer import Checkpointer
-    from composerjax.checkpoint.saver import checkpoint_location
-    from composerjax.core.state import State
-    from composerjax.core.train_state import TrainState
-    from composerjax.step.builder import merge_model, split_model
-    from composerjax.step.keys import KeyCodec
-
-    folder, name = checkpoint_location(os.fspath(path))
-    graphdef, params, rest = split_model(model)
-    codec = KeyCodec(rest)
-    state = State(model=model)
-    state.train_state = TrainState(params=params, rest=codec.encode(rest), opt_state=(), algorithm_state={},
-                                   clock=jnp.zeros(2, jnp.int32))
-    loader = Checkpointer(folder, async_save=False)
-    try:
-        if name is None:
-            batch = loader.restore_newest_valid(state, field, weights_only=True)
-        else:
-            batch = loader.restore(state, name, weights_only=True, field=field)
-    finally:
-        loader.close()
-    loaded = state.train_state
-    return merge_model(graphdef, loaded.params, codec.decode(loaded.rest)), batch
-
-
 # -- composerjax generate --------------------------------------------------------------------------
 def add_generate(subparsers: Any) -> None:
     """Declare ``composerjax generate`` and its arguments."""
@@ -130,7 +83,7 @@ def add_generate(subparsers: Any) -> None:
         epilog=_EXIT_STATUSES_GENERATE + "\n\nexamples:\n"
           "  composerjax generate runs/gpt2-stdlib --prompt \"def \" --max-new-tokens 64\n"
           "  composerjax generate runs/gpt2-stdlib --prompt \"import \" --temperature 0.8 --top-k 40 --seed 1",
-        formatter_class=_HelpFormatter,
+        formatter_class=HelpFormatter,
     )
     parser.add_argument("run_dir", metavar="RUN_DIR",
                         help="a run folder written by 'composerjax train': recipe.yaml, tokenizer.json and (by "
@@ -151,7 +104,7 @@ def add_generate(subparsers: Any) -> None:
     parser.add_argument("--checkpoint", metavar="PATH",
                         help="load these weights instead: a save folder (its newest checkpoint), one checkpoint's "
                              "folder or its latest link (default: the newest checkpoint in the recipe's save_folder)")
-    _add_debug(parser)
+    add_debug(parser)
     parser.set_defaults(handler=generate_command)
 
 
@@ -164,14 +117,14 @@ def generate_command(args: argparse.Namespace) -> int:
     from composerjax.models.generation import generate
 
     _check_options(args)
-    config = _run_recipe(args.run_dir)
+    config = run_recipe(args.run_dir)
     tokenizer = _run_tokenizer(args.run_dir, config)
     model = _build_model(config)
     prompt, shown = _prompt_tokens(tokenizer, args.prompt, model.module.config, args.max_new_tokens,
                                    _end_of_text(config, tokenizer))
-    checkpoint = args.checkpoint if args.checkpoint is not None else _save_folder(config, args.run_dir)
+    checkpoint = args.checkpoint if args.checkpoint is not None else save_folder(config, args.run_dir)
     field = "--checkpoint" if args.checkpoint is not None else "save_folder"
-    model, batch = _load_weights(model, checkpoint, field)
+    model, batch = load_weights(model, checkpoint, field)
     print(f"composerjax generate: the weights of batch {batch} from {checkpoint}", file=sys.stderr)
     try:
         tokens = generate(model.module, jnp.asarray([prompt], jnp.int32), args.max_new_tokens,
@@ -191,22 +144,6 @@ def _check_options(args: argparse.Namespace) -> None:
         raise UsageError(f"--top-k={args.top_k}: expected a positive integer (or leave it out to sample among all)")
 
 
-def _run_recipe(run_dir: str) -> Any:
-    """The validated recipe in ``run_dir``; a missing folder or file, or a recipe with problems -> UsageError."""
-    from composerjax.trainer.config import ConfigError, load_config
-
-    if not os.path.isdir(run_dir):
-        raise UsageError(f"{run_dir}: no such run folder")
-    path = os.path.join(run_dir, RECIPE_FILE)
-    if not os.path.isfile(path):
-        raise UsageError(f"{run_dir} has no {RECIPE_FILE}: the run was not started with 'composerjax train' (which "
-                         "writes the recipe it runs there); without it the model cannot be rebuilt")
-    try:
-        return load_config(path)
-    except ConfigError as error:
-        raise UsageError(str(error)) from None
-
-
 def _run_tokenizer(run_dir: str, config: Any) -> Any:
     """The tokenizer the run trained: the recipe's ``data.tokenizer_path``, else ``RUN_DIR/tokenizer.json``."""
     from composerjax.data.lm import TOKENIZER_FILE
@@ -221,7 +158,6 @@ def _run_tokenizer(run_dir: str, config: Any) -> Any:
 
 def _build_model(config: Any) -> Any:
     """The recipe's model, untrained, after its INIT surgery (LoRA); one that is not a GPT2 or Llama -> UsageError."""
-    from composerjax.cli_export import model_after_init
     from composerjax.models.gpt2 import GPT2
     from composerjax.models.llama import Llama
 
@@ -262,33 +198,3 @@ def _prompt_tokens(tokenizer: Any, text: str, model_config: Any, max_new_tokens:
         raise UsageError(f"--max-new-tokens={max_new_tokens}: the prompt ({len(ids)} tokens) plus the new tokens "
                          f"exceed the model's n_positions={limit}; expected at most {max(limit - len(ids), 0)}")
     return ids, shown
-
-
-def _save_folder(config: Any, run_dir: str) -> str:
-    """The run's ``save_folder`` as the Trainer formats it: ``'{run_name}/checkpoints'`` -> ``'my-run/checkpoints'``."""
-    from composerjax.checkpoint.writer import format_name
-    from composerjax.core.time import Timestamp
-
-    folder = config.save_folder
-    if folder is None:
-        raise UsageError(f"{os.path.join(run_dir, RECIPE_FILE)} has no save_folder, so the run saved no checkpoint; "
-                         "pass --checkpoint PATH")
-    folder = os.fspath(folder)
-    if "{" in folder:
-        run_name = config.run_name or os.path.basename(os.path.normpath(run_dir))
-        try:
-            folder = format_name(folder, Timestamp(), run_name, "save_folder", path=True)
-        except ValueError as error:
-            raise UsageError(str(error)) from None
-    return folder
-
-
-def _load_weights(model: Any, path: str, field: str) -> tuple[Any, int]:
-    from composerjax.checkpoint.checkpointer import CheckpointCorruptError, CheckpointMismatchError
-
-    try:
-        return load_model_weights(model, path, field)
-    except FileNotFoundError as error:
-        raise UsageError(f"no checkpoint found: searched {path!r} ({error})") from None
-    except (CheckpointMismatchError, CheckpointCorruptError) as error:
-        raise UsageError(str(error)) from None

@@ -20,7 +20,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from composerjax.cli import TRACES_FILE, UsageError, _add_debug, _HelpFormatter, _read_jsonl, _run_file
+from composerjax.cli_common import HelpFormatter, UsageError, add_debug
+from composerjax.cli_run import TRACES_FILE, read_jsonl, run_file
 
 __all__ = ["add_traces", "traces_command"]
 
@@ -50,13 +51,13 @@ def add_traces(subparsers: Any) -> None:
         ),
         epilog=_TRACES_EXIT_STATUSES + "\n\nexamples:\n  composerjax traces runs/digits-speedup\n"
                                        "  composerjax traces runs/digits-speedup --diff runs/digits-baseline",
-        formatter_class=_HelpFormatter,
+        formatter_class=HelpFormatter,
     )
     parser.add_argument("run_dir", metavar="RUN_DIR", help="a run folder holding traces.jsonl (or the file itself)")
     parser.add_argument("--diff", metavar="OTHER_RUN",
                         help="another run folder (or traces.jsonl) to compare against; exit status 0 when the runs "
                              "are the same, 1 when they differ, 2 on an error")
-    _add_debug(parser)
+    add_debug(parser)
     parser.set_defaults(handler=traces_command)
 
 
@@ -94,11 +95,11 @@ def traces_command(args: argparse.Namespace) -> int:
     """``composerjax traces RUN_DIR [--diff OTHER_RUN]``: with --diff, 0 the same, 1 different, 2 an error."""
     if args.diff is not None:
         args.unexpected_error_status = 2  # as diff(1): 1 means "they differ", so trouble of any kind is 2
-    run = _summarise_traces(_read_jsonl(_run_file(args.run_dir, TRACES_FILE, "traces")))
+    run = _summarise_traces(read_jsonl(run_file(args.run_dir, TRACES_FILE, "traces")))
     if args.diff is None:
         print(_format_traces(args.run_dir, run))
         return 0
-    other = _summarise_traces(_read_jsonl(_run_file(args.diff, TRACES_FILE, "traces")))
+    other = _summarise_traces(read_jsonl(run_file(args.diff, TRACES_FILE, "traces")))
     differences = _trace_differences(run, other)
     print(_format_trace_diff(args.run_dir, args.diff, differences))
     return 1 if differences else 0

@@ -19,7 +19,6 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
-    from composerjax.core.callback import Callback
     from composerjax.core.trace import Trace
 
 __all__ = ["Logger"]
@@ -47,8 +46,12 @@ class Logger(Protocol):
     """
 
     @property
-    def destinations(self) -> list[Callback]:
-        """Where logged values go (each a ``LoggerDestination``, which is a callback); append or remove to change it."""
+    def destinations(self) -> list[Any]:
+        """Where logged values go (each a ``LoggerDestination``, which is a callback); append or remove to change it.
+
+        Typed ``Any`` here because :class:`~composerjax.core.callback.Callback` takes this protocol in every
+        method: the core's modules import one way only.
+        """
         ...
 
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:

@@ -15,7 +15,7 @@ import datetime
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from composerjax.core.time import Time, TimeUnit, _is_number, _new_object, _normalize_value, _time
+from composerjax.core.time_value import Time, TimeUnit, _is_number, _new_object, _normalize_value, _time
 
 __all__ = ["UNIT_FIELDS", "Timestamp", "TimestampCounts"]
 

@@ -14,7 +14,11 @@ from flax import nnx
 from composerjax.metrics import Metric, mean_metrics, select_metrics
 from composerjax.models.composer_model import ComposerModel, MetricSums
 
-__all__ = ["ModelFunctions", "model_functions"]
+__all__ = ["BatchError", "ModelFunctions", "model_functions"]
+
+
+class BatchError(ValueError):
+    """A batch from the train data loader has the wrong structure, shape or type."""
 
 
 class ModelFunctions:
@@ -74,8 +78,6 @@ class _ComposerModelFunctions(ModelFunctions):
         try:
             model.check_batch(batch)
         except ValueError as error:
-            from composerjax.trainer.interrupt import BatchError
-
             where = source if index is None else f"{source} batch {index}"
             raise BatchError(f"{where}: {error}") from None
 

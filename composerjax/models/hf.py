@@ -19,7 +19,6 @@ GPT-2, ALiBi or rotary positions on GPT-2, wrapped linears) is refused with the 
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 import math
@@ -34,6 +33,14 @@ from jax.sharding import Mesh, NamedSharding
 
 from composerjax.models.gpt2 import GPT2, GPT2MLP, GPT2Attention, GPT2Block, GPT2Config
 from composerjax.models.hf_config import ARCHITECTURES, config_from_hf, config_to_hf, hf_architecture
+from composerjax.models.hf_names import (
+    ParameterMapping,
+    bare_model,
+    hf_parameter_names,
+    parameter_mappings,
+    path_text,
+    weights_state,
+)
 from composerjax.models.llama import Llama, LlamaAttention, LlamaBlock, LlamaMLP, RMSNorm
 from composerjax.parallel.strategy import ParallelismConfig, partition_metadata
 
@@ -48,114 +55,9 @@ OVERRIDES = ("attention", "remat", "scan_layers", "pad_vocab_to_multiple")
 # Tensors some checkpoints carry that hold no weights (buffers of older transformers versions).
 _BUFFERS = (".attn.bias", ".attn.masked_bias", ".rotary_emb.inv_freq")
 
-# Inside one block: our path -> (Hugging Face name, transposed). GPT-2's Conv1D weights are stored
-# (in, out), as nnx.Linear's kernels; its fused c_attn is our fused qkv (queries, keys, values in order).
-_GPT2_BLOCK = {
-    "norm1/scale": ("ln_1.weight", False), "norm1/bias": ("ln_1.bias", False),
-    "attention/qkv/kernel": ("attn.c_attn.weight", False), "attention/qkv/bias": ("attn.c_attn.bias", False),
-    "attention/proj/kernel": ("attn.c_proj.weight", False), "attention/proj/bias": ("attn.c_proj.bias", False),
-    "norm2/scale": ("ln_2.weight", False), "norm2/bias": ("ln_2.bias", False),
-    "mlp/up/kernel": ("mlp.c_fc.weight", False), "mlp/up/bias": ("mlp.c_fc.bias", False),
-    "mlp/down/kernel": ("mlp.c_proj.weight", False), "mlp/down/bias": ("mlp.c_proj.bias", False),
-}
-_GPT2_TOP = {"tokens/embedding": ("transformer.wte.weight", False),
-             "position/embedding": ("transformer.wpe.weight", False),
-             "norm/scale": ("transformer.ln_f.weight", False), "norm/bias": ("transformer.ln_f.bias", False),
-             "head/kernel": ("lm_head.weight", True)}
-# Llama's nn.Linear weights are (out, in): transposed against nnx.Linear's (in, out) kernels.
-_LLAMA_BLOCK = {"norm1/scale": ("input_layernorm.weight", False),
-                "norm2/scale": ("post_attention_layernorm.weight", False),
-                **{f"attention/{name}/kernel": (f"self_attn.{name}.weight", True)
-                   for name in ("q_proj", "k_proj", "v_proj", "o_proj")},
-                **{f"attention/{name}/bias": (f"self_attn.{name}.bias", False)
-                   for name in ("q_proj", "k_proj", "v_proj")},
-                **{f"mlp/{name}/kernel": (f"mlp.{name}.weight", True)
-                   for name in ("gate_proj", "up_proj", "down_proj")}}
-_LLAMA_TOP = {"tokens/embedding": ("model.embed_tokens.weight", False), "norm/scale": ("model.norm.weight", False),
-              "head/kernel": ("lm_head.weight", True)}
 # The module types each family is made of; anything else is structure Hugging Face has no place for.
 _GPT2_MODULES = (GPT2, GPT2Block, GPT2Attention, GPT2MLP, nnx.List, nnx.Linear, nnx.LayerNorm, nnx.Embed, nnx.Dropout)
 _LLAMA_MODULES = (Llama, LlamaBlock, LlamaAttention, LlamaMLP, nnx.List, nnx.Linear, RMSNorm, nnx.Embed)
-
-
-@dataclasses.dataclass(frozen=True)
-class _Mapping:
-    """Where one of our parameters lives in the Hugging Face checkpoint."""
-
-    names: tuple[str, ...]  # one per layer for a scanned (stacked) parameter, else one
-    transposed: bool  # the HF tensor is the transpose of ours (per layer)
-    vocab_axis: int | None  # our axis padded to padded_vocab_size
-    stacked: bool
-
-
-def _bare(model: Any) -> nnx.Module:
-    module = getattr(model, "module", model)
-    if not isinstance(module, (GPT2, Llama)):
-        raise ValueError(f"model={type(module).__name__}: expected a composerjax GPT2 or Llama (or a ComposerCausalLM "
-                         "holding one)")
-    return module
-
-
-def _path(path: tuple[Any, ...]) -> str:
-    return "/".join(str(part) for part in path)
-
-
-def _mappings(module: nnx.Module, param_paths: list[str]) -> dict[str, _Mapping]:
-    """Our parameter path -> its :class:`_Mapping`; a parameter that maps nowhere raises ValueError."""
-    gpt2 = isinstance(module, GPT2)
-    block, top = (_GPT2_BLOCK, _GPT2_TOP) if gpt2 else (_LLAMA_BLOCK, _LLAMA_TOP)
-    prefix = "transformer.h." if gpt2 else "model.layers."
-    config = module.config
-    layers = config.n_layer if gpt2 else config.num_hidden_layers
-    mappings = {}
-    for path in param_paths:
-        parts = path.split("/")
-        if parts[0] == "blocks" and config.scan_layers:
-            found = block.get("/".join(parts[1:]))
-            if found is not None:
-                names = tuple(f"{prefix}{layer}.{found[0]}" for layer in range(layers))
-                mappings[path] = _Mapping(names, found[1], None, True)
-                continue
-        elif parts[0] == "blocks" and len(parts) > 2 and parts[1].isdigit():
-            found = block.get("/".join(parts[2:]))
-            if found is not None:
-                mappings[path] = _Mapping((f"{prefix}{parts[1]}.{found[0]}",), found[1], None, False)
-                continue
-        elif path in top:
-            name, transposed = top[path]
-            vocab_axis = {"tokens/embedding": 0, "head/kernel": 1}.get(path)
-            mappings[path] = _Mapping((name,), transposed, vocab_axis, False)
-            continue
-        raise ValueError(f"parameter {path!r} has no counterpart in Hugging Face's {hf_architecture(module)}: the "
-                         "model's structure no longer maps onto it (merge or remove what added it)")
-    return mappings
-
-
-def hf_parameter_names(model: Any) -> dict[str, str]:
-    """``{our parameter path: Hugging Face tensor name}`` for a GPT2 or Llama (or a ComposerCausalLM holding one).
-
-    Paths are the bare module's (``'blocks/0/attention/q_proj/kernel'``, without a ComposerCausalLM's
-    ``'module/'``). A scanned model's stacked parameters name the first layer's tensor with the layer
-    number replaced by ``{layer}``. Our kernels are ``(in, out)``: Llama's weights are their
-    transposes, GPT-2's Conv1D weights are not. PEFT-style exports reuse this mapping.
-
-    Raises:
-        ValueError: a parameter with no Hugging Face counterpart (naming it).
-
-    Example:
-        >>> from composerjax.models.llama import LlamaConfig
-        >>> names = hf_parameter_names(Llama(LlamaConfig.preset("llama-tiny"), rngs=nnx.Rngs(0)))
-        >>> names["blocks/1/attention/q_proj/kernel"]
-        'model.layers.1.self_attn.q_proj.weight'
-    """
-    module = _bare(model)
-    paths = [_path(path) for path, _ in nnx.to_flat_state(_weights(module))]
-    names = {}
-    for path, mapping in _mappings(module, paths).items():
-        prefix = "transformer.h.0." if isinstance(module, GPT2) else "model.layers.0."
-        names[path] = (mapping.names[0].replace(prefix, prefix.replace(".0.", ".{layer}."), 1) if mapping.stacked
-                       else mapping.names[0])
-    return names
 
 
 # -- load ---------------------------------------------------------------------------------------
@@ -204,7 +106,7 @@ def load_pretrained(path: str | os.PathLike, *, dtype: Any = None, mesh: Mesh | 
     abstract = nnx.eval_shape(lambda: family(config, rngs=nnx.Rngs(0)))
     graphdef, params, rest = nnx.split(abstract, nnx.Param, ...)
     flat = list(nnx.to_flat_state(params))
-    mappings = _mappings(abstract, [_path(p) for p, _ in flat])
+    mappings = parameter_mappings(abstract, [path_text(p) for p, _ in flat])
     weight_files = _weight_files(folder)
     located = _check_names(abstract, mappings, weight_files)
     mesh = _active_mesh(mesh)
@@ -213,7 +115,7 @@ def load_pretrained(path: str | os.PathLike, *, dtype: Any = None, mesh: Mesh | 
     reader = _Reader(folder, located)
     try:
         for key, variable in flat:
-            name = _path(key)
+            name = path_text(key)
             shape = tuple(variable.get_value().shape)
             sharding = None
             if mesh is not None:
@@ -281,7 +183,7 @@ def _weight_files(folder: str) -> dict[str, str]:
         return dict.fromkeys(handle.keys(), SAFETENSORS_FILE)
 
 
-def _check_names(module: nnx.Module, mappings: dict[str, _Mapping],
+def _check_names(module: nnx.Module, mappings: dict[str, ParameterMapping],
                  weight_files: dict[str, str]) -> dict[str, tuple[str, str]]:
     """``{name the mapping uses: (file, name stored)}``; missing or unexpected tensors raise ValueError.
 
@@ -330,7 +232,8 @@ class _Reader:
         self.handles.clear()
 
 
-def _ours_from_hf(reader: _Reader, mapping: _Mapping, shape: tuple[int, ...], config: Any, name: str) -> np.ndarray:
+def _ours_from_hf(reader: _Reader, mapping: ParameterMapping, shape: tuple[int, ...], config: Any, name: str
+                  ) -> np.ndarray:
     layers = []
     for hf_name in mapping.names:
         tensor = reader.read(hf_name)
@@ -347,7 +250,7 @@ def _ours_from_hf(reader: _Reader, mapping: _Mapping, shape: tuple[int, ...], co
     return host
 
 
-def _ours_on_device(reader: _Reader, mapping: _Mapping, shape: tuple[int, ...], config: Any, name: str,
+def _ours_on_device(reader: _Reader, mapping: ParameterMapping, shape: tuple[int, ...], config: Any, name: str,
                     dtype: Any) -> jax.Array:
     """:func:`_ours_from_hf` on the default device: the stored tensors go over as they are (contiguous,
     in the checkpoint's dtype), and the transpose, stacking, vocabulary padding and cast run compiled."""
@@ -392,11 +295,6 @@ def _place(host: np.ndarray, sharding: NamedSharding | None) -> jax.Array:
 
 
 # -- save ---------------------------------------------------------------------------------------
-def _weights(module: nnx.Module) -> nnx.State:
-    """Every array but the random streams: parameters, and weights an adapter froze under another Variable type."""
-    return nnx.state(module, nnx.Not(nnx.RngState))
-
-
 def _merge_wrappers(module: nnx.Module) -> nnx.Module:
     """``module``, or a copy whose wrappers with a ``merged()`` method (LoRA adapters) are replaced by what it returns.
 
@@ -427,7 +325,7 @@ def _check_structure(module: nnx.Module) -> None:
     allowed = _GPT2_MODULES if isinstance(module, GPT2) else _LLAMA_MODULES
     for path, node in nnx.iter_graph(module):
         if isinstance(node, nnx.Module) and type(node) not in allowed:
-            where = _path(path) or "the model"
+            where = path_text(path) or "the model"
             raise ValueError(f"{where} is a {type(node).__module__}.{type(node).__qualname__}, which Hugging Face's "
                              f"{hf_architecture(module)} has no place for (surgery or a wrapper changed the structure; "
                              "merge or undo it before exporting)")
@@ -476,14 +374,14 @@ def save_pretrained(model: Any, path: str | os.PathLike, *, merge: bool = True,
         from composerjax.models.lora import save_lora_adapter
 
         return save_lora_adapter(model, path)
-    module = _bare(model)
+    module = bare_model(model)
     if isinstance(max_shard_size, bool) or not isinstance(max_shard_size, int) or max_shard_size < 1:
         raise ValueError(f"max_shard_size={max_shard_size!r}: expected a positive number of bytes")
     module = _merge_wrappers(module)
     _check_structure(module)
     hf_config = config_to_hf(module)
-    flat = [(_path(key), variable.get_value()) for key, variable in nnx.to_flat_state(_weights(module))]
-    mappings = _mappings(module, [name for name, _ in flat])
+    flat = [(path_text(key), variable.get_value()) for key, variable in nnx.to_flat_state(weights_state(module))]
+    mappings = parameter_mappings(module, [name for name, _ in flat])
     config = module.config
     sizes = []
     for name, value in flat:  # plan the files from shapes alone

@@ -318,7 +318,7 @@ def save_lora_adapter(model: Any, path: str | os.PathLike) -> list[str]:
     """
     from safetensors.numpy import save_file
 
-    from composerjax.models.hf import hf_parameter_names
+    from composerjax.models.hf_names import hf_parameter_names
 
     module = getattr(model, "module", model)
     wrappers = [(tuple(p), m) for p, m in nnx.iter_modules(module) if isinstance(m, LoRALinear)]

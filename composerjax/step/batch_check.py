@@ -7,11 +7,9 @@ from typing import Any
 import jax
 import numpy as np
 
+from composerjax.models.function_model import BatchError  # raised by the model's own check_batch too
+
 __all__ = ["BatchError", "describe_batch", "diagnose_batch", "note_batch"]
-
-
-class BatchError(ValueError):
-    """A batch from the train data loader has the wrong structure, shape or type."""
 
 
 def _leaf_text(leaf: Any) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -475,36 +476,33 @@ class StepBuilder:
         return grads, rest
 
     def _eval_fn(self, plan: Plan, metric_names: tuple[str, ...] | None = None) -> Any:
-        engine, functions, graphdef = self.engine, self.functions, self.eval_graphdef
-        host_state = self.state
+        functions = self.functions
         names = None if metric_names is None else list(metric_names)
-
-        def eval_step(params: Any, rest: Any, algorithm_state: Any, batch: Any) -> Any:
-            host_state.compile_count += 1
-            view = traced_view(host_state, batch=cast_floating(batch, self.dtype), params=params,
-                               model=self._merge(graphdef, self._compute_params(params), rest),
-                               outputs=None, algorithm_state=algorithm_state)
-            engine.apply_planned(plan, Event.EVAL_BEFORE_FORWARD, view)
-            view.outputs = functions.eval_forward(view.model, view.batch)
-            engine.apply_planned(plan, Event.EVAL_AFTER_FORWARD, view)
-            # As Composer: the metrics read the outputs after EVAL_AFTER_FORWARD.
-            return functions.metric_states(view.model, view.batch, view.outputs, names)
-
-        return eval_step
+        # As Composer: the metrics read the outputs after EVAL_AFTER_FORWARD.
+        return self._forward_fn(plan, "eval_step", Event.EVAL_BEFORE_FORWARD, Event.EVAL_AFTER_FORWARD,
+                                functions.eval_forward,
+                                lambda view: functions.metric_states(view.model, view.batch, view.outputs, names))
 
     def _predict_fn(self, plan: Plan) -> Any:
-        engine, functions, graphdef = self.engine, self.functions, self.eval_graphdef
+        return self._forward_fn(plan, "predict_step", Event.PREDICT_BEFORE_FORWARD, Event.PREDICT_AFTER_FORWARD,
+                                self.functions.predict, lambda view: view.outputs)
+
+    def _forward_fn(self, plan: Plan, name: str, before: Event, after: Event, forward: Callable[[Any, Any], Any],
+                    result: Callable[[Any], Any]) -> Any:
+        """A forward-only step (eval, predict): ``before``, ``forward(model, batch)``, ``after``, ``result(view)``."""
+        engine, graphdef = self.engine, self.eval_graphdef
         host_state = self.state
 
-        def predict_step(params: Any, rest: Any, algorithm_state: Any, batch: Any) -> Any:
+        def step(params: Any, rest: Any, algorithm_state: Any, batch: Any) -> Any:
             host_state.compile_count += 1
             view = traced_view(host_state, batch=cast_floating(batch, self.dtype), params=params,
                                model=self._merge(graphdef, self._compute_params(params), rest),
                                outputs=None, algorithm_state=algorithm_state)
-            engine.apply_planned(plan, Event.PREDICT_BEFORE_FORWARD, view)
-            view.outputs = functions.predict(view.model, view.batch)
-            engine.apply_planned(plan, Event.PREDICT_AFTER_FORWARD, view)
-            return view.outputs
+            engine.apply_planned(plan, before, view)
+            view.outputs = forward(view.model, view.batch)
+            engine.apply_planned(plan, after, view)
+            return result(view)
 
-        return predict_step
+        step.__name__ = step.__qualname__ = name  # what jit names the compiled step
+        return step
 
