@@ -22,10 +22,13 @@ import os
 import re
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from composerjax.cli_common import HelpFormatter, UsageError, add_debug
 from composerjax.cli_run import METRICS_FILE, read_jsonl, run_file
+
+if TYPE_CHECKING:
+    from composerjax.trainer.trainer import Trainer
 
 __all__ = ["main", "build_parser", "NONFINITE_LOSS_STATUS", "train_command", "explain_command", "traces_command",
            "plot_command", "launch_command", "UsageError"]
@@ -165,14 +168,14 @@ def train_command(args: argparse.Namespace) -> int:
 NONFINITE_LOSS_STATUS = 3
 
 
-def _final_loss(trainer: Any) -> float | None:
+def _final_loss(trainer: Trainer) -> float | None:
     try:
         return float(trainer.state.loss)
     except (TypeError, ValueError):
         return None
 
 
-def _train_exit_status(trainer: Any) -> int:
+def _train_exit_status(trainer: Trainer) -> int:
     """0, or :data:`NONFINITE_LOSS_STATUS` and one line on stderr for a final loss that is not finite (not allowed)."""
     import math
 
@@ -185,7 +188,7 @@ def _train_exit_status(trainer: Any) -> int:
     return NONFINITE_LOSS_STATUS
 
 
-def _format_results(trainer: Any, results: dict[str, float] | None, seconds: float) -> str:
+def _format_results(trainer: Trainer, results: dict[str, float] | None, seconds: float) -> str:
     state = trainer.state
     timestamp = state.timestamp
     epochs = int(timestamp.epoch)

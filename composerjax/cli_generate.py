@@ -19,10 +19,13 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from composerjax.cli_common import HelpFormatter, UsageError, add_debug
 from composerjax.cli_run import RECIPE_FILE, load_model_weights, load_weights, model_after_init, run_recipe, save_folder
+
+if TYPE_CHECKING:
+    from composerjax.trainer.trainer import Trainer
 
 __all__ = ["RECIPE_FILE", "add_generate", "generate_command", "load_model_weights", "write_run_recipe"]
 
@@ -37,7 +40,7 @@ _RECIPE_HEADER = ("# The recipe this run ran, written by 'composerjax train' (--
                   "# 'composerjax generate RUN_DIR' rebuilds the model from it; 'composerjax train' runs it again.\n")
 
 
-def write_run_recipe(trainer: Any) -> str | None:
+def write_run_recipe(trainer: Trainer) -> str | None:
     """Write ``trainer.config`` as YAML to ``<run_dir>/recipe.yaml`` on process 0; return its path (None elsewhere).
 
     ``run_name`` is written as the run has it (a recipe without one gets a timestamped name), so a

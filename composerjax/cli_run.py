@@ -176,11 +176,11 @@ def model_after_init(config: Any) -> Any:
     from composerjax.core.event import Event
     from composerjax.core.state import State
     from composerjax.loggers.logger import Logger
-    from composerjax.trainer.config import ConfigError, _instantiate
+    from composerjax.trainer.config import ConfigError, instantiate
 
     try:
-        model = _instantiate("models", config.model)
-        algorithms = [_instantiate("algorithms", spec, f"algorithms[{index}].{spec.name}")
+        model = instantiate("models", config.model)
+        algorithms = [instantiate("algorithms", spec, f"algorithms[{index}].{spec.name}")
                       for index, spec in enumerate(config.algorithms)]
     except ConfigError as error:
         raise UsageError(str(error)) from None

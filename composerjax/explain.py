@@ -105,10 +105,10 @@ def explain(target: Any) -> Explanation:
         others = [a for a in target.state.algorithms if type(a).__name__ not in surgeons]
         return _walk(target, _missing_modules(others, target.state._model))
     from composerjax.trainer import build_trainer
-    from composerjax.trainer.config import TrainerConfig, _instantiate, load_config
+    from composerjax.trainer.config import TrainerConfig, instantiate, load_config
 
     config = target if isinstance(target, TrainerConfig) else load_config(target)
-    conflicts = _missing_modules(_algorithm_classes(config), _instantiate("models", config.model))
+    conflicts = _missing_modules(_algorithm_classes(config), instantiate("models", config.model))
     trainer = build_trainer(config, keep_files=False, progress_bar=False, run_summary=False, save_folder=None,
                             load_path=None, autoresume=False, time_limit=None, loggers=[], callbacks=[],
                             handle_signals=False)

@@ -370,7 +370,7 @@ def build_optimizer(config: TrainerConfig, steps_per_epoch: int | None) -> optax
     return name_optimizer(optimizer, config.optimizer.name)
 
 
-def _instantiate(kind: str, spec: ComponentSpec, path: str | None = None) -> Any:
+def instantiate(kind: str, spec: ComponentSpec, path: str | None = None) -> Any:
     """Build one component; a ValueError or OverflowError its factory raises is a ConfigError at ``path``.
 
     Validation checks each hyperparameter's type; the factory's own range checks (``num_classes=1``,
@@ -440,8 +440,8 @@ def recipe_arguments_of(config: TrainerConfig | dict[str, Any], *, keep_files: b
         config = TrainerConfig.from_dict(config)
     arguments = settings.recipe_to_arguments(config.arguments())  # import paths resolved (validated already)
     arguments.update(overrides)
-    model = _instantiate("models", config.model)
-    splits = _instantiate("data", _with_run_dir(config.data, arguments) if keep_files else config.data)
+    model = instantiate("models", config.model)
+    splits = instantiate("data", _with_run_dir(config.data, arguments) if keep_files else config.data)
     train, evaluation = (splits.train, splits.eval) if hasattr(splits, "train") else (splits, None)
     _check_language_data(model, train)
     try:
@@ -450,7 +450,7 @@ def recipe_arguments_of(config: TrainerConfig | dict[str, Any], *, keep_files: b
         steps_per_epoch = None
     _check_run_length(config, arguments, steps_per_epoch, train)
     optimizer = build_optimizer(config, steps_per_epoch)
-    components = {field: [_instantiate(field, spec, f"{field}[{index}]") for index, spec in enumerate(specs)]
+    components = {field: [instantiate(field, spec, f"{field}[{index}]") for index, spec in enumerate(specs)]
                   for field, specs in (("algorithms", config.algorithms), ("callbacks", config.callbacks),
                                        ("loggers", config.loggers)) if field not in overrides}
     return {"model": model, "train_dataloader": train, "optimizers": optimizer, "eval_dataloader": evaluation,
