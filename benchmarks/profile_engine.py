@@ -5,6 +5,10 @@ which is where the step is dispatched and, when the device queue is full, waited
 Python around it, then the functions with the most own time. This is the profile that found the
 per-batch ``match`` calls and the per-fit() clock update (docs/performance.md).
 
+First it prints the host work per batch: fit()'s time per batch with the compiled call replaced by
+a Python no-op (fastest of several fits, no profiler). It does not depend on the device or on how
+long the step takes, so it is the figure to compare before and after a change to the per-batch path.
+
 Run: ``.venv/bin/python benchmarks/profile_engine.py [--case tiny] [--recipe] [--batches 2000]``.
 """
 
@@ -14,9 +18,35 @@ import argparse
 import cProfile
 import io
 import pstats
+import time
 
 import jax
 from overhead import CASES, EngineLoop, make_batches
+
+from composerjax.step.builder import TripCounted
+
+
+def host_work_per_batch(engine: EngineLoop, fits: int = 15) -> float:
+    """Seconds of host work per batch: the fastest of ``fits`` fits with every compiled train step a no-op."""
+    builder = engine.trainer.runner.builder
+    saved = dict(builder._train)
+    loss = jax.numpy.zeros(())
+
+    def no_op(train_state, batch, trips=None):
+        return train_state, loss, {}
+
+    for plan, step in saved.items():
+        builder._train[plan] = TripCounted(no_op, step.trips) if type(step) is TripCounted else no_op
+    try:
+        engine.run()
+        best = float("inf")
+        for _ in range(fits):
+            start = time.perf_counter()
+            engine.trainer.fit(f"{len(engine.batches)}ba")
+            best = min(best, (time.perf_counter() - start) / len(engine.batches))
+    finally:
+        builder._train.update(saved)
+    return best
 
 
 def main() -> None:
@@ -29,6 +59,7 @@ def main() -> None:
     case = next(c for c in CASES if args.case.lower() in c.name.lower())
     batches = make_batches(case, args.batches)
     engine = EngineLoop(case, batches, args.recipe)  # compiles
+    host = host_work_per_batch(engine)
     engine.run()  # warm
 
     profile = cProfile.Profile()
@@ -43,6 +74,7 @@ def main() -> None:
     label = "+".join(case.recipe) if args.recipe else "no algorithms"
     print(f"jax {jax.__version__}; {case.name}, {label}, {args.batches} batches under cProfile "
           "(which inflates small Python calls)")
+    print(f"host work per batch, the compiled call a no-op (fastest of 15 fits): {host * 1e6:.2f} us")
     print(f"compiled call (dispatch + waiting for the device): {dispatch / total:.3f} of fit()'s time")
     print(f"engine and trainer Python around it:               {1 - dispatch / total:.3f}\n")
     text = io.StringIO()

@@ -70,6 +70,11 @@ class Algorithm:
         """
         return getattr(self, "_state_key", type(self).__name__)
 
+    @name.setter
+    def name(self, value: str) -> None:
+        """Set by the step runner when it builds the device state (``#k`` for the k-th repeat of a class)."""
+        self._state_key = value
+
     def sample_key(self, step_rng: jax.Array) -> jax.Array:
         """The key this algorithm draws from in a step: ``step_rng`` folded with a hash of its name.
 

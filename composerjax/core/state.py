@@ -3,22 +3,70 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from composerjax.core.algorithm import Algorithm
-from composerjax.core.callback import Callback
 from composerjax.core.time import Time, Timestamp, TimeUnit
 from composerjax.core.train_state import TrainState
 
 if TYPE_CHECKING:
     from flax import nnx
 
-__all__ = ["ResumePoint", "State", "as_max_duration", "instance_names"]
+__all__ = ["BatchRecord", "Checkpointable", "ResumePoint", "State", "as_max_duration", "instance_names"]
 
+
+@runtime_checkable
+class Checkpointable(Protocol):
+    """What the State needs of its algorithms and callbacks: their host state, for checkpoints.
+
+    :class:`~composerjax.core.algorithm.Algorithm` and :class:`~composerjax.core.callback.Callback`
+    take the State in every method, so the State names them by this protocol instead of importing them.
+
+    Example:
+        >>> from composerjax.core import Algorithm, Callback
+        >>> isinstance(Algorithm(), Checkpointable), isinstance(Callback(), Checkpointable)
+        (True, True)
+    """
+
+    def state_dict(self) -> dict[str, Any]:
+        """Host state to checkpoint."""
+        ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what ``state_dict`` returned."""
+        ...
+
+
+class BatchRecord(NamedTuple):
+    """One training batch on its way to the compiled step: as the loader gave it, and its device copy.
+
+    ``state.batch`` is ``state.batch_record.host``. Assigning ``state.batch`` (a host event
+    replacing the batch) makes a new record without a device copy, so a copy placed ahead of time
+    (``device_prefetch``) can only ever go to the step with the batch it was made from.
+
+    Attributes:
+        host: the batch as the loader gave it (this process's share).
+        device: the same batch placed on the devices with the step's batch sharding, or None (the
+            step places ``host`` itself).
+
+    Example:
+        >>> state = State(model=None)
+        >>> state.batch_record = BatchRecord((1, 2), "placed")
+        >>> state.batch, state.batch_record.device
+        ((1, 2), 'placed')
+        >>> state.batch = (3, 4)  # replaced on the host: the placed copy no longer belongs to it
+        >>> state.batch_record
+        BatchRecord(host=(3, 4), device=None)
+    """
+
+    host: Any
+    device: Any = None
+
+
+_NO_BATCH = BatchRecord(None, None)
 
 class ResumePoint(NamedTuple):
     """The checkpoint a run continues from, loaded in full: ``state.resumed_from`` from ``AFTER_LOAD`` on.
@@ -82,8 +130,8 @@ class State:
         optimizer: Any = None,
         max_duration: Time | str | None = None,
         rng: jax.Array | None = None,
-        algorithms: Sequence[Algorithm] = (),
-        callbacks: Sequence[Callback] = (),
+        algorithms: Sequence[Checkpointable] = (),
+        callbacks: Sequence[Checkpointable] = (),
         dataloader: Any = None,
         dataloader_len: int | None = None,
         precision: str = "fp32",
@@ -96,8 +144,8 @@ class State:
         self.optimizer = optimizer
         self.max_duration = max_duration
         self.rng = rng if rng is not None else jax.random.key(0)
-        self.algorithms: list[Algorithm] = list(algorithms)
-        self.callbacks: list[Callback] = list(callbacks)
+        self.algorithms: list[Any] = list(algorithms)  # Algorithm instances
+        self.callbacks: list[Any] = list(callbacks)  # Callback instances
         self.dataloader = dataloader
         self.dataloader_len = dataloader_len
         self.precision = precision
@@ -115,7 +163,8 @@ class State:
         #: Which loader the current batches come from, as Composer's: ``'train'``, or the evaluator's
         #: label (``'eval'`` by default) between ``EVAL_START`` and ``EVAL_END``.
         self.dataloader_label = "train"
-        self.batch: Any = None
+        #: The current batch and its device copy (``state.batch`` is its ``host``); see :class:`BatchRecord`.
+        self.batch_record: BatchRecord = _NO_BATCH
         self.outputs: Any = None
         self.loss: Any = None
         self.grads: Any = None
@@ -180,6 +229,15 @@ class State:
         elif self._model_stale and self._sync_model is not None:
             self._sync_model()  # the edits were made to a module that holds the newest values
         self._model_changed = True
+
+    @property
+    def batch(self) -> Any:
+        """The current batch as the loader gave it (host arrays); assigning it drops the device copy."""
+        return self.batch_record.host
+
+    @batch.setter
+    def batch(self, batch: Any) -> None:
+        self.batch_record = BatchRecord(batch, None)
 
     @property
     def model_changed(self) -> bool:
@@ -441,7 +499,7 @@ class State:
                 callback.load_state_dict(by_name[name])
         self.run_name = state_dict.get("run_name", self.run_name)
 
-    def _checkpointed_callbacks(self) -> list[Callback]:
+    def _checkpointed_callbacks(self) -> list[Checkpointable]:
         """The callbacks whose state checkpoints carry (the trainer's built-ins keep none)."""
         return [c for c in self.callbacks if getattr(c, "in_checkpoints", True)]
 

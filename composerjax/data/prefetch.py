@@ -28,7 +28,10 @@ _END = object()
 
 
 class Prefetched(NamedTuple):
-    """A batch as the loader gave it, on the devices (None: the step places it), and the loader's position after it."""
+    """A batch as the loader gave it, on the devices (None: the step places it), and the loader's position after it.
+
+    The fit loop makes each one a :class:`~composerjax.core.state.BatchRecord` (``host``, ``device``).
+    """
 
     host: Any
     device: Any
@@ -45,8 +48,8 @@ class DevicePrefetcher:
     Args:
         loader: the train loader (an ``ArrayLoader``, ``GrainLoader`` or any re-iterable); one
             prefetcher covers one pass, ``iter(loader)``.
-        place: puts a host batch on the devices (``jax.device_put`` with the batch sharding, or
-            ``jax.make_array_from_process_local_data`` with several processes).
+        place: puts a host batch on the devices (the trainer hands in
+            :func:`composerjax.parallel.sharding.batch_placer`'s function for its mesh).
         depth: batches kept ready in the queue (at least 1).
         threshold_s: start the thread when producing and placing a batch takes longer than this.
         probe: how many batches are timed in the train loop before deciding.

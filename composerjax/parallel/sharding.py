@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -11,7 +12,8 @@ from jax.sharding import PartitionSpec as P
 
 from composerjax.parallel.strategy import STRATEGIES, ParallelismConfig, config_for
 
-__all__ = ["STRATEGIES", "replicated", "batch_sharding", "train_state_shardings", "global_batch", "path_of"]
+__all__ = ["STRATEGIES", "replicated", "batch_sharding", "batch_placer", "train_state_shardings", "global_batch",
+           "path_of"]
 
 
 def replicated(mesh: Mesh) -> NamedSharding:
@@ -23,6 +25,28 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
     """The leading (batch) dimension split over the 'data' and 'fsdp' axes."""
     return NamedSharding(mesh, P(("data", "fsdp")))
 
+
+
+def batch_placer(mesh: Mesh) -> Callable[[Any], Any]:
+    """A function that puts a host batch (this process's share) on ``mesh`` as the train step takes it.
+
+    With several processes it assembles the global batch; on one device it puts the batch on that
+    device (jit traces a step again for an argument committed to a mesh sharding after numpy ones,
+    but not for one committed to a device); on several it places the batch with :func:`batch_sharding`.
+    The prefetcher places batches ahead with it, and the step places the batches nobody placed.
+
+    Example:
+        >>> import numpy as np
+        >>> mesh = jax.make_mesh((1, 1, 1), ("data", "fsdp", "tensor"))
+        >>> place = batch_placer(mesh)
+        >>> type(place(np.zeros(4))).__name__
+        'ArrayImpl'
+    """
+    sharding = batch_sharding(mesh)
+    if jax.process_count() > 1:
+        return lambda batch: global_batch(batch, sharding)
+    target = mesh.devices.flat[0] if mesh.devices.size == 1 else sharding
+    return lambda batch: jax.device_put(batch, target)
 
 def path_of(path: tuple[Any, ...], separator: str = "/") -> str:
     """``'module/layers/0/kernel'`` for a pytree key path (orbax writes the same names with ``'.'``)."""

@@ -30,7 +30,13 @@ from composerjax.metrics.collection import StateTotals, compute_values
 from composerjax.models.attention import describe_choices, take_attention_choices
 from composerjax.models.function_model import ModelFunctions, model_functions
 from composerjax.parallel.heartbeat import heartbeat
-from composerjax.parallel.sharding import batch_sharding, global_batch, replicated, train_state_shardings
+from composerjax.parallel.sharding import (
+    batch_placer,
+    batch_sharding,
+    global_batch,
+    replicated,
+    train_state_shardings,
+)
 from composerjax.parallel.strategy import partition_metadata
 from composerjax.step.batch_check import describe_batch, diagnose_batch, note_batch
 from composerjax.step.builder import StepBuilder, TripCounted, split_model
@@ -93,6 +99,10 @@ class StepRunner:
         self.device_memory_budget = device_memory_budget
         self.report, self.accumulate_on_tokens = report, accumulate_on_tokens
         self.multi_process = jax.process_count() > 1
+        #: Puts a host batch on the devices as the train step takes it (the prefetcher places ahead with it).
+        self.place: Callable[[Any], Any] = batch_placer(mesh)
+        # Whether the step places every batch nobody placed (several devices or processes); one device takes numpy.
+        self._places_each = self.multi_process or mesh.devices.size > 1
         self.functions: ModelFunctions = model_functions(state._model, loss_fn)
         self._variables: Any = None  # (key, [(path, variable, is_param)]) for sync_model
         self._signature: Any = None  # the last compiled batch's description, for BatchError
@@ -198,56 +208,42 @@ class StepRunner:
             _with_total_steps(state.train_state.clock, total), self.train_state_sharding.clock))
 
     # -- training --------------------------------------------------------------------------------
-    def place_batch(self, batch: Any) -> Any:
-        """``batch`` (this process's share) on the devices with the step's batch sharding, as the step takes it.
-
-        On one device the batch is put on that device: jit traces a step again for an argument
-        committed to a mesh sharding after numpy ones, but not for one committed to a device. On
-        several devices every batch is placed with the mesh sharding, prefetched or not.
-        """
-        if self.multi_process:
-            return global_batch(batch, self.batch_sharding)
-        devices = self.mesh.devices
-        return jax.device_put(batch, devices.flat[0] if devices.size == 1 else self.batch_sharding)
-
     def train_batch(self, batch: Any, placed: Any = None, plan: Plan | None = None) -> tuple[int, Any, Any]:
         """Run one compiled step on ``batch``: ``(global samples, loss, step_metrics)``, no host sync.
 
-        ``placed`` is ``batch`` already on the devices (:meth:`place_batch`, by the prefetcher);
+        ``placed`` is ``batch`` already on the devices (the device copy of its
+        :class:`~composerjax.core.state.BatchRecord`, placed ahead with :attr:`place`), or None;
         ``plan`` the batch's plan when the caller knows it (:meth:`group_plan`), else it is matched here.
         """
-        state, builder = self.state, self.builder
+        state = self.state
         if state.model_changed:
             self.take_model()
             plan = None
         if plan is None:
-            plan = builder.plan_train() if state.algorithms else ()
+            plan = self.builder.plan_train() if state.algorithms else ()
         # Host numpy check before the batch leaves (ComposerClassifier: labels in [0, num_classes)).
         self.functions.check_batch(state._model, batch, "train_dataloader", state.timestamp.counts.batch)
         if self.auto_microbatch:
             self._choose_microbatch(plan, batch)
-        step = builder.train_step(plan)
+        step = self.builder.train_step(plan)
         samples = (batch[0] if type(batch) is tuple else jax.tree.leaves(batch)[0]).shape[0]
-        host_batch = batch
+        if placed is None:
+            placed = self.place(batch) if self._places_each else batch
         if self.multi_process:
             samples *= jax.process_count()
-        if placed is not None:
-            batch = placed
-        elif self.multi_process or self.mesh.devices.size > 1:
-            batch = self.place_batch(batch)
         compiles, hits, start = state.compile_count, CACHE_STATS.hits, time.perf_counter()
         try:
             # The compiled loop itself (TripCounted's call, without its Python frame) where there is one.
             if type(step) is TripCounted:
-                state.train_state, loss, metrics = step.jitted(state.train_state, batch, step.trips)
+                state.train_state, loss, metrics = step.jitted(state.train_state, placed, step.trips)
             else:
-                state.train_state, loss, metrics = step(state.train_state, batch)
+                state.train_state, loss, metrics = step(state.train_state, placed)
         except Exception as error:
-            self._failed(error, host_batch, state.compile_count != compiles)
+            self._failed(error, batch, state.compile_count != compiles)
             raise
         if state.compile_count != compiles:
-            self._signature = describe_batch(host_batch)
-            self._record("train", plan, step, time.perf_counter() - start, hits, state.train_state, batch)
+            self._signature = describe_batch(batch)
+            self._record("train", plan, step, time.perf_counter() - start, hits, state.train_state, placed)
         state._model_stale = True
         if state.skip_nonfinite_updates:
             self.skipped_updates.add(metrics, 1)

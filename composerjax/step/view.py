@@ -23,6 +23,7 @@ class StepView(State):
 
     # Plain class attributes shadow State's host properties, so they can be set per view.
     model: Any = None
+    batch: Any = None
     step: Any = None
     progress: Any = None
     step_rng: Any = None

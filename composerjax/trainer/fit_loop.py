@@ -14,7 +14,7 @@ from composerjax.core.engine import Engine
 from composerjax.core.event import Event
 from composerjax.core.lifecycle import BATCH, BATCH_HOST_EVENTS, FETCH, STEP
 from composerjax.core.logger import Logger
-from composerjax.core.state import State
+from composerjax.core.state import BatchRecord, State
 from composerjax.core.time import TimeUnit
 from composerjax.core.timestamp import UNIT_FIELDS
 from composerjax.core.validation import check_run_length, loader_length
@@ -30,6 +30,9 @@ __all__ = ["FitLoop", "PendingLogs", "COUNTER", "grouping_blocked_by"]
 
 # Which Timestamp counter a max_duration unit is measured on.
 COUNTER = UNIT_FIELDS
+
+# BatchRecord's own __new__ is Python code: a record per batch is made with the tuple's directly.
+_new_tuple = tuple.__new__
 
 
 class PendingLogs:
@@ -118,7 +121,10 @@ class FitLoop:
         self.auto = auto if grouping == "auto" and not self.runner.multi_process else None
         self.grouping = grouping if isinstance(grouping, int) and grouping > 1 and not self.runner.multi_process else 0
         self.iterator: Any = None
-        self._placed: Any = None  # (host batch, the same batch on the devices) from the prefetcher
+        #: The prefetcher serving this pass (its items carry their device copies), or None: the loader's own iterator.
+        self._prefetcher: DevicePrefetcher | None = None
+        self._destinations = logger.destinations  # the logger's own list: destinations added later are seen
+        self._clock = time.perf_counter
         self._flags: Any = None
         self._skip: frozenset[Event] = frozenset()
         self._points: tuple[Event | str, ...] = BATCH
@@ -174,20 +180,21 @@ class FitLoop:
             loader.set_epoch(int(state.timestamp.epoch))
         if self.device_prefetch:
             # The decision to prefetch in a thread is timed on the first pass and kept for the next ones.
-            self.iterator = DevicePrefetcher(state.dataloader, self.runner.place_batch, self.device_prefetch,
-                                             start_thread=self.prefetch_threaded)
+            self.iterator = self._prefetcher = DevicePrefetcher(state.dataloader, self.runner.place,
+                                                                self.device_prefetch,
+                                                                start_thread=self.prefetch_threaded)
             state.dataloader_position = self.iterator.position
         else:
             self.iterator = iter(state.dataloader)
 
     def close(self) -> None:
         """Stop prefetching: the loader goes back right after the last batch taken (a new pass, fit end, error)."""
-        iterator, state = self.iterator, self.state
-        if isinstance(iterator, DevicePrefetcher):
-            self.prefetch_threaded = iterator.threaded if iterator.decided else None
-            iterator.close()
-            state.dataloader_position = None
-        self.iterator, self._placed = None, None
+        prefetcher = self._prefetcher
+        if prefetcher is not None:
+            self.prefetch_threaded = prefetcher.threaded if prefetcher.decided else None
+            prefetcher.close()
+            self.state.dataloader_position = None
+        self.iterator = self._prefetcher = None
 
     def end_epoch(self) -> None:
         state = self.state
@@ -208,41 +215,48 @@ class FitLoop:
         if state._model_stale:
             state._sync_model()
 
-    # -- one batch -------------------------------------------------------------------------------
-    def next_batch(self) -> bool:
+    # -- one batch: the route from the loader to the compiled step ---------------------------------
+    # Every batch, in a walk of the lifecycle, a plain run or a group, is fetched by _fetch as one
+    # BatchRecord (the host batch and, when prefetched, its device copy) and reaches the step with it:
+    # train_step for one batch per call, train_group for a stacked group.
+    def _fetch(self) -> BatchRecord | None:
+        """The loader's next batch as a record (with its device copy when prefetched); None at the end of the data."""
         try:
             taken = next(self.iterator)
         except StopIteration:
-            return False
-        iterator = self.iterator
-        if type(iterator) is not DevicePrefetcher:
-            self.state.batch = taken
-            return True
-        self.state.batch, self._placed = taken.host, (taken.host, taken.device)
-        if iterator.inline:  # decided against the thread: the loader's own iterator from now on, no wrapper
+            return None
+        prefetcher = self._prefetcher
+        if prefetcher is None:
+            return _new_tuple(BatchRecord, (taken, None))
+        if prefetcher.inline:  # decided against the thread: the loader's own iterator from now on, no wrapper
             self.prefetch_threaded = False
-            self.iterator, self.state.dataloader_position = iterator.source, None
+            self.iterator, self._prefetcher, self.state.dataloader_position = prefetcher.source, None, None
+        return _new_tuple(BatchRecord, (taken.host, taken.device))
+
+    def next_batch(self) -> bool:
+        """Fetch the next batch into ``state.batch_record`` (``state.batch`` is its host form); False at the end."""
+        record = self._fetch()
+        if record is None:
+            return False
+        self.state.batch_record = record
         return True
 
-    def _take(self) -> Any:
-        """The next batch from the loader (its host form), for a group."""
-        taken = next(self.iterator)
-        return taken.host if type(self.iterator) is DevicePrefetcher else taken
-
     def train_step(self, plan: Any = None) -> None:
-        """Run the step on ``state.batch`` and move the clock; ``plan`` when it is known already (a plain run)."""
-        state = self.state
-        start = time.perf_counter()
-        tokens = self.count_tokens(state.batch) if self.count_tokens is not None else 0
-        placed = self._placed
-        # The prefetched device copy, unless a host event (AFTER_DATALOADER) replaced the batch.
-        device = placed[1] if placed is not None and placed[0] is state.batch else None
-        self._placed = None
-        samples, state.loss, state.step_metrics = self.runner.train_batch(state.batch, device, plan)
-        if self.logger.destinations:
-            self.pending.add(state.timestamp.counts.batch + 1, state.loss, state.step_metrics)
-        state.previous_timestamp = state.timestamp
-        state.timestamp = state.timestamp.to_next_batch(samples, tokens, time.perf_counter() - start)
+        """Run the step on ``state.batch_record`` and move the clock; ``plan`` when it is known already (a plain run).
+
+        The record's device copy goes with it unless a host event replaced ``state.batch`` since the
+        fetch: that made a new record, without one.
+        """
+        state, clock, count_tokens = self.state, self._clock, self.count_tokens
+        start = clock()
+        batch, device = state.batch_record
+        samples, state.loss, state.step_metrics = self.runner.train_batch(batch, device, plan)
+        timestamp = state.timestamp
+        if self._destinations:
+            self.pending.add(timestamp.counts.batch + 1, state.loss, state.step_metrics)
+        state.previous_timestamp = timestamp
+        state.timestamp = timestamp.to_next_batch(samples, count_tokens(batch) if count_tokens is not None else 0,
+                                                  clock() - start)
         auto = self.auto
         if auto is not None and auto.count is None:
             self._decide_grouping(auto)
@@ -317,30 +331,31 @@ class FitLoop:
         state = self.state
         count_tokens = self.count_tokens
         # One gather for the whole group (ArrayLoader), unless a prefetch thread reads the loader ahead.
-        threaded = isinstance(self.iterator, DevicePrefetcher) and self.iterator.threaded
+        threaded = self._prefetcher is not None and self._prefetcher.threaded
         take = None if threaded else getattr(state.dataloader, "next_stacked", None)
         stacked = take(count) if take is not None else None
         if stacked is not None:  # one gather for the whole group (ArrayLoader)
             size = jax.tree.leaves(stacked)[0].shape[1]
             batches = None
         else:
-            batches = []
-            for _ in range(count):
-                try:
-                    batches.append(self._take())
-                except StopIteration:
+            records = []
+            while len(records) < count:
+                record = self._fetch()
+                if record is None:
                     break
+                records.append(record)
+            batches = [record.host for record in records]
             sizes = {batch_size_of(b) for b in batches}
-            if len(batches) < count or len(sizes) > 1:  # a short or ragged group: one step each
-                for batch in batches:
-                    state.batch = batch
+            if len(records) < count or len(sizes) > 1:  # a short or ragged group: one step each, device copies kept
+                for record in records:
+                    state.batch_record = record
                     self._walk_batch(self.train_step)
-                return len(batches) == count
+                return len(records) == count
             size = sizes.pop()
             stacked = jax.tree.map(lambda *leaves: np.stack(leaves), *batches)
         start = time.perf_counter()
         losses, metrics = self.runner.train_group(stacked, count, self._plan)
-        if self.logger.destinations:
+        if self._destinations:
             self.pending.add(state.timestamp.counts.batch + 1, losses, metrics, count)
         seconds = time.perf_counter() - start
         if batches is None:
@@ -359,12 +374,15 @@ class FitLoop:
 
     def _train_plain(self, count: int) -> bool:
         """``count`` batches one call each, with nothing between them (see :meth:`group`); False if data ran out."""
-        control, plan = self.control, self._plan
+        state, control, plan = self.state, self.control, self._plan
+        fetch, train_step = self._fetch, self.train_step
         request = control.request
         for _ in range(count):
-            if not self.next_batch():
+            record = fetch()
+            if record is None:
                 return False
-            self.train_step(plan)
+            state.batch_record = record
+            train_step(plan)
             heartbeat()
             if control.request is not request:  # a signal: stop() decides after this batch
                 break
