@@ -371,7 +371,7 @@ def check_settings(values: Mapping[str, Any], skip: Collection[str] = ()) -> lis
         try:
             check(form.build(value) if form is not None else value, name)
         except (ValueError, TypeError) as error:
-            problems.append(str(error))  # 'name=...: expected ...'
+            problems.append(f"{error} (got {value!r})")  # 'name=...: expected ... (got ...)', as pydantic's
     return problems
 
 
