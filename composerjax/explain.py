@@ -103,7 +103,7 @@ def explain(target: Any) -> Explanation:
         # Surgery at INIT has already changed the model: check only the algorithms that did not run there.
         surgeons = {t.name for t in target.engine.trace_log if t.event is Event.INIT}
         others = [a for a in target.state.algorithms if type(a).__name__ not in surgeons]
-        return _walk(target, _missing_modules(others, target.state._model))
+        return _walk(target, _missing_modules(others, target.state.host_model))
     from composerjax.trainer import build_trainer
     from composerjax.trainer.config import TrainerConfig, instantiate, load_config
 

@@ -403,7 +403,7 @@ def load_into(writer: Any, state: Any, info: CheckpointInfo, host: dict[str, Any
     train_state = current._replace(**{group: _fill(getattr(current, group), group, values) for group in groups})
     if weights_only:
         state.train_state = train_state
-        state._model_stale = True
+        state.mark_model_stale()
     else:
         state.load_state_dict(_host_state(state, view, train_state, options))
     return plan

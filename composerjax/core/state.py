@@ -196,8 +196,7 @@ class State:
         Reading changes nothing the next step uses. To change the model on a host event, edit it
         and call :meth:`update_model` (or assign ``state.model = new_module``).
         """
-        if self._model_stale and self._sync_model is not None:
-            self._sync_model()
+        self.sync_model()
         return self._model
 
     @model.setter
@@ -226,8 +225,8 @@ class State:
         if model is not None:
             self._model = model
             self._model_stale = False
-        elif self._model_stale and self._sync_model is not None:
-            self._sync_model()  # the edits were made to a module that holds the newest values
+        else:
+            self.sync_model()  # the edits were made to a module that holds the newest values
         self._model_changed = True
 
     @property
@@ -244,9 +243,43 @@ class State:
         """Whether host code wrote the model (:meth:`update_model`) since the device state was built."""
         return self._model_changed
 
-    def _model_taken(self) -> None:
-        """The trainer took the host model into the device state (called by the trainer only)."""
+    def model_taken(self) -> None:
+        """The step runner took the host model into the device state (called by the runner only)."""
         self._model_changed = False
+
+    # -- the host module and the device state, for the step runner -----------------------------
+    @property
+    def host_model(self) -> nnx.Module:
+        """The module object as the host holds it, without merging the trained values first.
+
+        For what does not depend on the values (the graph, a batch's expected shape); read
+        ``state.model`` for the trained module.
+        """
+        return self._model
+
+    @property
+    def model_stale(self) -> bool:
+        """Whether the device state moved on since the host module last took its values."""
+        return self._model_stale
+
+    def mark_model_stale(self, stale: bool = True) -> None:
+        """The device state moved on (a step ran, weights were loaded): reading ``state.model`` merges first.
+
+        ``stale=False``: the host module has just taken the device values.
+        """
+        self._model_stale = stale
+
+    def bind_model_sync(self, merge: Callable[[], None]) -> None:
+        """How the device values are merged into the host module (the step runner's ``sync_model``)."""
+        self._sync_model = merge
+
+    def sync_model(self) -> None:
+        """Merge the trained values into the host module now, if it is behind the device state.
+
+        Example: ``state.sync_model()`` at fit end gives the caller's own module the trained values.
+        """
+        if self._model_stale and self._sync_model is not None:
+            self._sync_model()
 
     # -- device values, read and replaced from host events ---------------------------------------
     @property

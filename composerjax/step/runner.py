@@ -103,7 +103,7 @@ class StepRunner:
         self.place: Callable[[Any], Any] = batch_placer(mesh)
         # Whether the step places every batch nobody placed (several devices or processes); one device takes numpy.
         self._places_each = self.multi_process or mesh.devices.size > 1
-        self.functions: ModelFunctions = model_functions(state._model, loss_fn)
+        self.functions: ModelFunctions = model_functions(state.host_model, loss_fn)
         self._variables: Any = None  # (key, [(path, variable, is_param)]) for sync_model
         self._signature: Any = None  # the last compiled batch's description, for BatchError
         #: The updates ``skip_nonfinite_updates`` skipped, summed on the device.
@@ -113,7 +113,7 @@ class StepRunner:
     def build(self) -> None:
         """Split the model (after INIT) into the device state and build the steps' builder."""
         state = self.state
-        model = state._model
+        model = state.host_model
         # INIT may have replaced the model (NoOpModel, wrappers): call whatever model is there now.
         self.functions = model_functions(model, self.loss_fn)
         eval_graphdef = _eval_graphdef(model)
@@ -122,7 +122,7 @@ class StepRunner:
             params = cast_floating(params, parameter_dtype(state.precision))
         algorithm_state = {}
         for name, algorithm in zip(instance_names(state.algorithms), state.algorithms):
-            algorithm._state_key = name
+            algorithm.name = name
             initial = algorithm.init_state(state)
             if initial is not None:
                 algorithm_state[name] = initial
@@ -134,8 +134,8 @@ class StepRunner:
                                  clock=jnp.asarray([0, state.batches_in_duration() or 0], jnp.int32))
         sharding = self._shardings(model, train_state)
         state.train_state = jax.device_put(train_state, sharding)
-        state._sync_model = self.sync_model
-        state._model_taken()
+        state.bind_model_sync(self.sync_model)
+        state.model_taken()
         self.batch_sharding = batch_sharding(self.mesh)
         self.builder = StepBuilder(self.engine, state, self.functions, train_graphdef, eval_graphdef, state.optimizer,
                                    self.microbatch_size, sharding, self.batch_sharding, replicated(self.mesh),
@@ -151,7 +151,7 @@ class StepRunner:
         if not keep_state:
             train_state = state.train_state
             train_state = train_state._replace(opt_state=jax.jit(optimizer.init)(train_state.params))
-            sharding = self._shardings(state._model, train_state)
+            sharding = self._shardings(state.host_model, train_state)
             state.train_state = jax.device_put(train_state, sharding)
             builder.train_state_sharding = sharding
         builder.clear()
@@ -169,24 +169,24 @@ class StepRunner:
         # The module's variables, found once per model and graph: nnx.update walks the whole graph
         # (milliseconds per fit() call even for a tiny model); setting each variable is microseconds.
         # A model whose graph changed is always re-split first (update_model), which changes the key.
-        key = (state._model, builder.train_graphdef, builder.rest_codec)
+        key = (state.host_model, builder.train_graphdef, builder.rest_codec)
         cached = self._variables
         if cached is None or any(old is not new for old, new in zip(cached[0], key)):
             variables = [(path, node, isinstance(node, nnx.Param))
-                         for path, node in nnx.iter_graph(state._model) if isinstance(node, nnx.Variable)]
+                         for path, node in nnx.iter_graph(state.host_model) if isinstance(node, nnx.Variable)]
             self._variables = cached = (key, variables)
         for path, variable, is_param in cached[1]:
             value = params if is_param else rest
             for part in path:
                 value = value[part]
             variable.set_value(value)
-        state._model_stale = False
+        state.mark_model_stale(False)
 
     def take_model(self) -> None:
         """Host code wrote the model (``state.update_model``): re-split it into the device state."""
         state, builder = self.state, self.builder
-        state._model_taken()
-        model = state._model
+        state.model_taken()
+        model = state.host_model
         eval_graphdef = _eval_graphdef(model)
         graphdef, params, rest = split_model(model)
         builder.rest_codec = KeyCodec(rest)
@@ -222,7 +222,7 @@ class StepRunner:
         if plan is None:
             plan = self.builder.plan_train() if state.algorithms else ()
         # Host numpy check before the batch leaves (ComposerClassifier: labels in [0, num_classes)).
-        self.functions.check_batch(state._model, batch, "train_dataloader", state.timestamp.counts.batch)
+        self.functions.check_batch(state.host_model, batch, "train_dataloader", state.timestamp.counts.batch)
         if self.auto_microbatch:
             self._choose_microbatch(plan, batch)
         step = self.builder.train_step(plan)
@@ -244,7 +244,7 @@ class StepRunner:
         if state.compile_count != compiles:
             self._signature = describe_batch(batch)
             self._record("train", plan, step, time.perf_counter() - start, hits, state.train_state, placed)
-        state._model_stale = True
+        state.mark_model_stale()
         if state.skip_nonfinite_updates:
             self.skipped_updates.add(metrics, 1)
         if plan:
@@ -282,7 +282,8 @@ class StepRunner:
         """Run ``count`` stacked batches in one compiled call: ``(losses[count], step_metrics[count])``."""
         state, builder = self.state, self.builder
         first = state.timestamp.counts.batch
-        self.functions.check_batch(state._model, stacked, "train_dataloader", f"{first}-{first + count - 1} (stacked)")
+        self.functions.check_batch(state.host_model, stacked, "train_dataloader",
+                                   f"{first}-{first + count - 1} (stacked)")
         step = builder.train_steps(plan, count)
         compiles, hits, start = state.compile_count, CACHE_STATS.hits, time.perf_counter()
         try:
@@ -296,7 +297,7 @@ class StepRunner:
         if plan:
             for index in range(count):
                 self.engine.record_plan(plan, first + index)
-        state._model_stale = True
+        state.mark_model_stale()
         if state.skip_nonfinite_updates:
             self.skipped_updates.add(metrics, count)
         return losses, metrics
@@ -430,7 +431,7 @@ class StepRunner:
                 plan = builder.plan_eval() if kind == "eval" else builder.plan_predict()
                 step = builder.eval_step(plan, metric_names) if kind == "eval" else builder.predict_step(plan)
                 if kind == "eval":
-                    self.functions.check_batch(state._model, batch, "eval_dataloader", index)
+                    self.functions.check_batch(state.host_model, batch, "eval_dataloader", index)
                     device_batch = self._eval_batch(batch)
                 else:
                     device_batch = global_batch(batch, self.batch_sharding) if self.multi_process else batch

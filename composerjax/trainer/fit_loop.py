@@ -212,8 +212,7 @@ class FitLoop:
         state = self.state
         # The first step donated the arrays the user's module held: give it the trained ones back
         # (once per fit, not per step), so the caller's own handle on the model stays usable.
-        if state._model_stale:
-            state._sync_model()
+        state.sync_model()
 
     # -- one batch: the route from the loader to the compiled step ---------------------------------
     # Every batch, in a walk of the lifecycle, a plain run or a group, is fetched by _fetch as one
