@@ -405,7 +405,7 @@ class TrainerSettings:
 
         Example:
             >>> str(TrainerSettings.signature().parameters["log_interval"])
-            'log_interval: int = 10'
+            "log_interval: 'int' = 10"
         """
         parameters = []
         for name, (_, f) in cls.fields().items():
