@@ -88,6 +88,7 @@ def test_only_step_touches_the_step_builders_caches():
     ("composerjax.surgery", "composerjax.models.surgery"),
     ("composerjax.trainer.checkpoint", "composerjax.checkpoint.checkpointer"),
     ("composerjax.trainer.checkpoint_saver", "composerjax.checkpoint.saver"),
+    ("composerjax.trainer.validation", "composerjax.core.validation"),
 ])
 def test_old_import_paths_give_the_same_objects(old, new):
     shim, moved = importlib.import_module(old), importlib.import_module(new)
