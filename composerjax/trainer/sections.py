@@ -121,11 +121,6 @@ def _cache(value: Any, field: str) -> None:
         raise ValueError(f"{field}={value!r}: expected True (the default folder), a folder path, or False (off)")
 
 
-def check_subset_or_all(value: Any, field: str) -> None:
-    """A number of batches: positive, or -1 for all of them."""
-    check_subset(value, field)
-
-
 def check_subset(value: Any, field: str = "eval_subset_num_batches") -> None:
     """A number of eval batches: positive, or -1 for every batch."""
     if isinstance(value, bool) or not isinstance(value, int) or value == 0 or value < -1:
@@ -221,7 +216,7 @@ class RunSettings(Section):
             "``~/.cache/composerjax/jax`` (on from ``import composerjax``; ``COMPOSERJAX_COMPILATION_CACHE=0`` keeps "
             "it off); a path picks the folder; False turns it off.")
     train_subset_num_batches: int = setting(
-        -1, check=check_subset_or_all,
+        -1, check=check_subset,
         doc="end every epoch after this many batches of the train loader (-1: the whole loader; no effect when the "
             "loader is shorter), as Composer's: an ``'ep'`` run, the schedulers' epochs and the loader's position "
             "count these batches.")
